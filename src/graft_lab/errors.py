@@ -1,0 +1,17 @@
+"""Errors that end a run with a message a user can act on (run.py prints them without a traceback)."""
+
+
+class GraftLabError(Exception):
+    """Base class: the message says what went wrong and what to do."""
+
+
+class ConfigError(GraftLabError, ValueError):
+    """A config value is unknown or out of range; raised before any model loads."""
+
+
+class ModelLoadError(GraftLabError):
+    """Weights could not be found or reached."""
+
+
+class DrafterMismatchError(GraftLabError):
+    """The drafter was trained for another target (hidden size or vocabulary differ)."""

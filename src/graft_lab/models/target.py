@@ -1,0 +1,167 @@
+"""The target model: loading from a hub id, a local directory or the embedded GGUF, and the two forwards
+speculative decoding needs (prefill, tree verification) over a `TreeKVCache`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from ..errors import ModelLoadError
+from ..tree import DraftTree
+from .cache import TreeKVCache
+from .embedded import embedded_dir
+
+EMBEDDED = "embedded:smollm2-135m-instruct"
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+          "float16": torch.float16, "fp16": torch.float16}
+
+
+@dataclass
+class TargetOutput:
+    logits: torch.Tensor  # [T, V] next-token logits per input position (float32)
+    aux: torch.Tensor | None  # [T, n_aux * H] low/mid/high hidden states for the drafter, or None
+
+
+def default_aux_layers(num_layers: int) -> tuple[int, ...]:
+    """EAGLE-3's low/mid/high features, in `output_hidden_states` numbering (0 is the embedding)."""
+    return (2, num_layers // 2, num_layers - 3)
+
+
+def resolve_source(path: str) -> tuple[str, bool]:
+    """Return (what to pass to from_pretrained, is_local). Local-looking paths must exist."""
+    if path == EMBEDDED:
+        return str(embedded_dir()), True
+    p = Path(path).expanduser()
+    if p.exists():
+        if not (p / "config.json").is_file():
+            raise ModelLoadError(f"{p} exists but has no config.json: not a Hugging Face model directory")
+        return str(p), True
+    looks_local = path.startswith(("/", "./", "../", "~")) or path.count("/") != 1
+    if looks_local:
+        raise ModelLoadError(f"model path {path} does not exist")
+    return path, False
+
+
+def load_model(
+    path: str, dtype: str = "float32", device: str = "cpu", device_map: str | None = None
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Load a causal LM and its tokenizer; hub ids fail with a message saying how to get the weights."""
+    if dtype not in DTYPES:
+        raise ModelLoadError(f"unknown dtype '{dtype}'; valid: {', '.join(DTYPES)}")
+    source, local = resolve_source(path)
+    kwargs = {"dtype": DTYPES[dtype]}
+    if device_map:
+        kwargs["device_map"] = device_map
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source)
+        model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
+    except OSError as exc:
+        if local:
+            raise ModelLoadError(f"could not load the model in {source}: {exc}") from None
+        raise ModelLoadError(
+            f"could not load '{path}' from the Hugging Face hub (offline, gated, or not cached): {exc}\n"
+            f"Download it where you have a network (huggingface-cli download {path} --local-dir DIR), then run "
+            f"with model=local model.path=DIR, or set HF_HOME to a cache that holds it."
+        ) from None
+    if not device_map:
+        model = model.to(device)
+    model.eval()
+    return model, tokenizer
+
+
+class Target:
+    """A causal LM plus the aux-layer choice; stateless apart from the cache passed in."""
+
+    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, aux_layers=None):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.config = model.config
+        layers = self.config.num_hidden_layers
+        self.aux_layers = tuple(aux_layers) if aux_layers else default_aux_layers(layers)
+        if any(not 0 <= i <= layers for i in self.aux_layers):
+            raise ModelLoadError(f"aux layers {self.aux_layers} out of range 0..{layers}")
+        self.attn = "sdpa"
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.get_input_embeddings().weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.get_input_embeddings().weight.dtype
+
+    @property
+    def hidden_size(self) -> int:
+        return self.config.hidden_size
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.get_output_embeddings().weight.shape[0]
+
+    def new_cache(self, max_len: int) -> TreeKVCache:
+        return TreeKVCache(self.config.num_hidden_layers, max_len)
+
+    def use_attention(self, attn: str) -> None:
+        """Pick the verification attention: 'sdpa' or 'eager' (transformers), or 'triton' (our kernel)."""
+        if attn == "triton":
+            from graft_lab.kernels import register_tree_attention
+
+            self.model.set_attn_implementation(register_tree_attention())
+        elif attn in ("sdpa", "eager"):
+            self.model.set_attn_implementation(attn)
+        else:
+            raise ValueError(f"unknown verify.attn '{attn}'; valid: triton, sdpa, eager")
+        self.attn = attn
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        cache: TreeKVCache,
+        tree_mask: torch.Tensor | None = None,
+        want_aux: bool = False,
+        last_only: bool = False,
+    ) -> TargetOutput:
+        # ids, positions: [T]; tree_mask: [T, T] bool ancestor mask, None for a causal (prefill) forward
+        kwargs = {}
+        if tree_mask is not None:
+            if self.attn == "triton":
+                kwargs["tree_mask"] = tree_mask[None]  # [1, T, T]: the kernel reads bits, not a float mask
+            else:
+                kwargs["attention_mask"] = self.tree_attention_mask(tree_mask, cache.length)
+        out = self.model(
+            input_ids=ids[None],
+            position_ids=positions[None],
+            cache=cache,
+            use_cache=True,
+            output_hidden_states=want_aux,
+            logits_to_keep=1 if last_only else 0,
+            **kwargs,
+        )
+        aux = torch.cat([out.hidden_states[i][0] for i in self.aux_layers], dim=-1) if want_aux else None
+        return TargetOutput(logits=out.logits[0].float(), aux=aux)
+
+    def tree_attention_mask(self, tree_mask: torch.Tensor, prefix: int) -> torch.Tensor:
+        """[1, 1, T, prefix + T] additive mask: the whole prefix, then the node's ancestors and itself."""
+        t = tree_mask.shape[0]
+        mask = torch.zeros(1, 1, t, prefix + t, dtype=self.dtype, device=self.device)
+        mask[0, 0, :, prefix:].masked_fill_(~tree_mask, torch.finfo(self.dtype).min)
+        return mask
+
+    def prefill(self, ids: torch.Tensor, cache: TreeKVCache, want_aux: bool, all_logits: bool = False) -> TargetOutput:
+        # ids: [S] prompt tokens, written to the cache from position cache.length; logits: [S or 1, V]
+        positions = torch.arange(cache.length, cache.length + ids.numel(), device=self.device)
+        return self.forward(ids, positions, cache, want_aux=want_aux, last_only=not all_logits)
+
+    def verify(self, tree: DraftTree, cache: TreeKVCache, want_aux: bool) -> TargetOutput:
+        """One forward over every node of `tree` on top of the cache; the nodes' KV stay until `commit`."""
+        return self.forward(tree.tokens, tree.position_ids(cache.length), cache, tree.ancestor_mask(), want_aux)
+
+    @staticmethod
+    def commit(cache: TreeKVCache, start: int, path: torch.Tensor) -> None:
+        """Keep the accepted nodes' KV (path: [M] ascending node indices) right after the prefix."""
+        cache.compact(start, path)

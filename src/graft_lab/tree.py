@@ -1,0 +1,196 @@
+"""The one draft-tree type that drafters, retrievers, grafting, verification and acceptance share.
+
+A tree is five aligned 1-D tensors. Node 0 is the root: the last emitted token, not yet in the target's
+KV cache. Parents always come before their children, so any prefix of the node list is itself a tree and
+"ancestors sorted by index" is the same as "ancestors sorted by depth". Everything derived from the tree
+(attention mask, position ids, root-to-leaf paths) is computed with a loop over depth levels at most,
+never over nodes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import IntEnum
+
+import torch
+
+
+class Source(IntEnum):
+    """Where a node came from; kept per node so metrics can split drafted from retrieved tokens."""
+
+    ROOT = 0
+    DRAFT = 1
+    RETRIEVED = 2
+
+
+@dataclass(frozen=True)
+class DraftTree:
+    tokens: torch.Tensor  # [N] int64 token ids
+    parents: torch.Tensor  # [N] int64, parents[0] == -1, parents[i] < i
+    depth: torch.Tensor  # [N] int64, depth[0] == 0
+    score: torch.Tensor  # [N] float32: cumulative log-probability or a retrieval score (root: 0)
+    source: torch.Tensor  # [N] int8, a Source value
+
+    # ---- construction -------------------------------------------------------------------------
+    @staticmethod
+    def root(token: int | torch.Tensor, device: torch.device | str = "cpu") -> "DraftTree":
+        """A one-node tree: what autoregressive decoding verifies every step."""
+        tok = torch.as_tensor(token, dtype=torch.long, device=device).reshape(1)
+        return DraftTree(
+            tokens=tok,
+            parents=torch.full((1,), -1, dtype=torch.long, device=device),
+            depth=torch.zeros(1, dtype=torch.long, device=device),
+            score=torch.zeros(1, dtype=torch.float32, device=device),
+            source=torch.full((1,), int(Source.ROOT), dtype=torch.int8, device=device),
+        )
+
+    @property
+    def size(self) -> int:
+        return int(self.tokens.shape[0])
+
+    @property
+    def device(self) -> torch.device:
+        return self.tokens.device
+
+    @property
+    def max_depth(self) -> int:
+        return int(self.depth.max())
+
+    def select(self, keep: torch.Tensor) -> "DraftTree":
+        """Sub-tree of the nodes in `keep` (ascending indices, ancestor-closed, containing 0)."""
+        # keep: [M] ascending node indices
+        remap = torch.full((self.size,), -1, dtype=torch.long, device=self.device)
+        remap[keep] = torch.arange(keep.numel(), device=self.device)
+        old_parents = self.parents[keep]
+        new_parents = torch.where(old_parents >= 0, remap[old_parents.clamp(min=0)], old_parents)
+        if bool((new_parents[1:] < 0).any()):
+            raise ValueError("select() needs an ancestor-closed set of nodes that contains the root")
+        return DraftTree(self.tokens[keep], new_parents, self.depth[keep], self.score[keep], self.source[keep])
+
+    def add_subtree(
+        self,
+        under: torch.Tensor,
+        tokens: torch.Tensor,
+        parents: torch.Tensor,
+        score: torch.Tensor,
+        source: Source,
+    ) -> "DraftTree":
+        """Append a fragment. `parents[i] == -1` hangs node i under `under[i]` (a node of self);
+        otherwise it indexes an earlier node of the fragment. Duplicate children are folded."""
+        # under: [M] node of self per fragment node (used where parents == -1); tokens/parents/score: [M]
+        n = self.size
+        attach = parents < 0
+        glob_parents = torch.where(attach, under, parents + n)
+        base_depth = torch.where(attach, self.depth[under.clamp(min=0)], torch.zeros_like(parents))
+        depth = base_depth + 1
+        # fragment-internal depths: a level loop (fragments are shallow), never a node loop
+        for _ in range(int(tokens.numel())):
+            inner = ~attach
+            if not bool(inner.any()):
+                break
+            new_depth = torch.where(inner, depth[parents.clamp(min=0)] + 1, depth)
+            if torch.equal(new_depth, depth):
+                break
+            depth = new_depth
+        merged = DraftTree(
+            tokens=torch.cat([self.tokens, tokens.to(self.tokens)]),
+            parents=torch.cat([self.parents, glob_parents]),
+            depth=torch.cat([self.depth, depth]),
+            score=torch.cat([self.score, score.to(self.score)]),
+            source=torch.cat([self.source, torch.full_like(tokens, int(source), dtype=torch.int8)]),
+        )
+        return merged.fold_duplicates()
+
+    def fold_duplicates(self) -> "DraftTree":
+        """Merge every child whose (parent, token) already exists: the earlier node wins, keeps the higher
+        score, and adopts the later node's children. One vectorised pass per depth level."""
+        if self.size <= 1:
+            return self
+        canon = torch.arange(self.size, device=self.device)
+        parents = self.parents.clone()
+        score = self.score.clone()
+        for d in range(1, self.max_depth + 1):
+            level = (self.depth == d).nonzero().squeeze(1)
+            if level.numel() < 2:
+                parents[level] = canon[parents[level]]
+                continue
+            parents[level] = canon[parents[level]]
+            key = parents[level] * (int(self.tokens.max()) + 1) + self.tokens[level]
+            uniq, inverse = torch.unique(key, return_inverse=True)
+            first = torch.full((uniq.numel(),), self.size, dtype=torch.long, device=self.device)
+            first = first.scatter_reduce(0, inverse, level, reduce="amin")
+            canon[level] = first[inverse]
+            best = torch.full((uniq.numel(),), float("-inf"), device=self.device)
+            best = best.scatter_reduce(0, inverse, score[level], reduce="amax")
+            score[first] = best
+        keep = (canon == torch.arange(self.size, device=self.device)).nonzero().squeeze(1)
+        folded = DraftTree(self.tokens, parents, self.depth, score, self.source)
+        return folded.select(keep) if keep.numel() < self.size else folded
+
+    def cut(self, budget: int) -> "DraftTree":
+        """Keep the best `budget` nodes by score, ancestor-closed. A node's rank score is the minimum
+        score on its path, so no child outranks its parent; ties go to the shallower, earlier node."""
+        if budget < 1:
+            raise ValueError(f"tree budget must be >= 1, got {budget}")
+        if self.size <= budget:
+            return self
+        path_min = self.score.clone()
+        path_min[0] = float("inf")
+        for _ in range(self.max_depth):
+            path_min = torch.minimum(path_min, path_min[self.parents.clamp(min=0)])
+        path_min[0] = float("inf")
+        # lexicographic order: path_min desc, depth asc, index asc (sort is stable)
+        order = torch.sort(self.depth, stable=True).indices
+        order = order[torch.sort(-path_min[order], stable=True).indices]
+        keep = torch.sort(order[:budget]).values
+        return self.select(keep)
+
+    # ---- what verification needs --------------------------------------------------------------
+    def ancestor_mask(self) -> torch.Tensor:
+        """bool [N, N]: True where node j is node i or one of its ancestors."""
+        n = self.size
+        idx = torch.arange(n, device=self.device)
+        mask = torch.zeros(n, n, dtype=torch.bool, device=self.device)
+        mask[idx, idx] = True
+        anc = self.parents.clone()
+        for _ in range(self.max_depth):
+            has = anc >= 0
+            mask[idx[has], anc[has]] = True
+            anc = torch.where(has, self.parents[anc.clamp(min=0)], anc)
+        return mask
+
+    def position_ids(self, start: int) -> torch.Tensor:
+        """[N] absolute positions: the root sits at `start` (the current cache length)."""
+        return self.depth + start
+
+    def paths(self) -> torch.Tensor:
+        """[L, max_depth + 1] node indices of each root-to-leaf path, -1 padded (EAGLE's retrieve indices)."""
+        is_parent = torch.zeros(self.size, dtype=torch.bool, device=self.device)
+        is_parent[self.parents[1:]] = True
+        leaves = (~is_parent).nonzero().squeeze(1)
+        anc = self.ancestor_mask()[leaves]  # [L, N]
+        out = torch.full((leaves.numel(), self.max_depth + 1), -1, dtype=torch.long, device=self.device)
+        rows, nodes = anc.nonzero(as_tuple=True)
+        out[rows, self.depth[nodes]] = nodes
+        return out
+
+    def children_count(self) -> torch.Tensor:
+        """[N] number of children per node."""
+        count = torch.zeros(self.size, dtype=torch.long, device=self.device)
+        return count.index_add_(0, self.parents[1:], torch.ones_like(self.parents[1:]))
+
+    def check(self) -> None:
+        """Raise if an invariant is broken: parent order, depths, root, no duplicate siblings."""
+        n = self.size
+        if n < 1 or int(self.parents[0]) != -1 or int(self.depth[0]) != 0:
+            raise AssertionError("node 0 must be the root (parent -1, depth 0)")
+        idx = torch.arange(n, device=self.device)
+        if n > 1:
+            p = self.parents[1:]
+            if bool((p < 0).any()) or bool((p >= idx[1:]).any()):
+                raise AssertionError("parents must come before children")
+            if not torch.equal(self.depth[1:], self.depth[p] + 1):
+                raise AssertionError("depth must be parent depth + 1")
+            key = p * (int(self.tokens.max()) + 1) + self.tokens[1:]
+            if torch.unique(key).numel() != n - 1:
+                raise AssertionError("duplicate (parent, token) siblings")
