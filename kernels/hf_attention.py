@@ -11,7 +11,7 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from .tree_attention import tree_attention
+from .tree_attention_kernel import tree_attention
 from .tree_mask import TreeMaskBits
 
 ATTENTION_NAME = "graft_tree"

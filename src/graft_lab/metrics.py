@@ -58,3 +58,78 @@ class StepRecord:
             retrieved=int((src == Source.RETRIEVED).sum()),
             times=dict(timer.times),
         )
+
+
+@dataclass
+class TurnStats:
+    """One generated turn, as stored in answers.jsonl and aggregated into summary.json."""
+
+    new_tokens: int
+    wall_time: float  # seconds, prefill included
+    accept_lengths: list[int]
+    phase_times: dict[str, float]
+    drafted: int  # tree nodes drafted, summed over steps
+    retrieved: int
+    accepted_retrieved: int
+
+    @staticmethod
+    def of(tokens: list[int], steps: list[StepRecord], prefill_s: float, wall_time: float) -> "TurnStats":
+        phases: dict[str, float] = defaultdict(float, prefill=prefill_s)
+        for s in steps:
+            for k, v in s.times.items():
+                phases[k] += v
+        return TurnStats(
+            new_tokens=len(tokens),
+            wall_time=wall_time,
+            accept_lengths=[s.accept_length for s in steps],
+            phase_times=dict(phases),
+            drafted=sum(s.drafted for s in steps),
+            retrieved=sum(s.retrieved for s in steps),
+            accepted_retrieved=sum(s.accepted_retrieved for s in steps),
+        )
+
+
+def aggregate(turns: list[TurnStats], baseline: list[TurnStats] | None) -> dict:
+    """Run-level figures: tau (bonus included), throughput, speedup over the interleaved AR baseline,
+    phase shares and per-position acceptance rates."""
+    lengths = [a for t in turns for a in t.accept_lengths]
+    steps = max(len(lengths), 1)
+    tokens = sum(t.new_tokens for t in turns)
+    wall = sum(t.wall_time for t in turns)
+    phases: dict[str, float] = defaultdict(float)
+    for t in turns:
+        for k, v in t.phase_times.items():
+            phases[k] += v
+    total_phase = sum(phases.values()) or 1.0
+    max_len = max(lengths, default=1)
+    position_rate = [sum(a > d for a in lengths) / steps for d in range(1, max_len)]
+    out = {
+        "tau": sum(lengths) / steps,
+        "new_tokens": tokens,
+        "steps": len(lengths),
+        "wall_time_s": wall,
+        "tokens_per_s": tokens / wall if wall else 0.0,
+        "phase_time_s": dict(phases),
+        "phase_share": {k: v / total_phase for k, v in phases.items()},
+        "acceptance_by_position": position_rate,
+        "drafted_per_step": sum(t.drafted for t in turns) / steps,
+        "retrieved_per_step": sum(t.retrieved for t in turns) / steps,
+        "accepted_retrieved_per_step": sum(t.accepted_retrieved for t in turns) / steps,
+        "baseline_tokens_per_s": None,
+        "speedup": None,
+    }
+    if baseline:
+        b_tokens = sum(t.new_tokens for t in baseline)
+        b_wall = sum(t.wall_time for t in baseline)
+        out["baseline_tokens_per_s"] = b_tokens / b_wall if b_wall else 0.0
+        out["speedup"] = out["tokens_per_s"] / out["baseline_tokens_per_s"] if out["baseline_tokens_per_s"] else None
+    return out
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    """CUDA max allocated on GPU, else the process's peak RSS."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

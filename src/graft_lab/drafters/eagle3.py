@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..errors import DrafterMismatchError
+from ..errors import ConfigError, DrafterMismatchError
 from ..models.cache import TreeKVCache
 from ..models.target import Target
 from ..pruners.base import Pruner
@@ -24,14 +24,14 @@ from .eagle3_model import Eagle3Model
 
 @dataclass
 class Eagle3Options:
-    path: str = "???"  # checkpoint directory or hub id
+    path: str | None = None  # checkpoint directory, hub id, or builtin:NAME (shipped with graft-lab)
     depth: int = 7  # draft levels (deepest node depth)
     top_k: int = 10  # children per expanded node, and nodes expanded per level
     aux_layers: list[int] | None = None  # output_hidden_states indices; default: the checkpoint's, else 2, L//2, L-3
 
     def __post_init__(self):
-        from ..errors import ConfigError
-
+        if not self.path:
+            raise ConfigError("drafter=eagle3 needs drafter.path: no EAGLE-3 checkpoint is known for this model")
         if self.depth < 1:
             raise ConfigError(f"drafter.depth must be >= 1, got {self.depth}")
         if self.top_k < 1:

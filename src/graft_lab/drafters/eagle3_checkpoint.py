@@ -25,8 +25,18 @@ CONFIG_KEYS = (
 )
 
 
+BUILTIN = "builtin:"
+ASSETS = Path(__file__).resolve().parent.parent / "assets" / "drafters"
+
+
 def resolve_checkpoint(path: str) -> Path:
-    """A local directory, or a hub id downloaded when the hub is reachable."""
+    """`builtin:NAME` (shipped with the package), a local directory, or a hub id fetched when reachable."""
+    if path.startswith(BUILTIN):
+        p = ASSETS / path.removeprefix(BUILTIN)
+        if not (p / "config.json").is_file():
+            known = sorted(d.name for d in ASSETS.iterdir()) if ASSETS.is_dir() else []
+            raise ModelLoadError(f"no shipped drafter '{path}'; shipped: {', '.join(known) or 'none'}")
+        return p
     p = Path(path).expanduser()
     if p.is_dir():
         return p

@@ -1,5 +1,6 @@
 """Retriever registry: importing this package registers every retriever."""
 
-from .base import RETRIEVERS, NoRetriever, Retriever
+from . import ngram, recycle, sam  # noqa: F401  (registration)
+from .base import RETRIEVERS, Fragment, NoRetriever, Retriever
 
-__all__ = ["RETRIEVERS", "NoRetriever", "Retriever"]
+__all__ = ["RETRIEVERS", "Fragment", "NoRetriever", "Retriever"]

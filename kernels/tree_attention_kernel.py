@@ -174,7 +174,8 @@ def _combine_splits_kernel(
     tl.store(out_ptrs, (acc / l_i[:, None]).to(out_ptr.dtype.element_ty), mask=tile_mask)
 
 
-_INTERPRETED = isinstance(_tree_attention_kernel, InterpretedFunction)
+# True when TRITON_INTERPRET=1 was set before this module was imported: the kernels then run on CPU tensors.
+INTERPRETED = isinstance(_tree_attention_kernel, InterpretedFunction)
 
 
 def tree_attention(
@@ -217,7 +218,7 @@ def tree_attention(
         part_lse = torch.empty(num_programs_split, batch * q_heads, nodes, dtype=torch.float32, device=q.device)
     else:
         part_o = part_lse = out  # unused by the kernel when SPLIT is off
-    launch = {} if _INTERPRETED else {"num_warps": 8 if block_m >= 128 else 4, "num_stages": 3}
+    launch = {} if INTERPRETED else {"num_warps": 8 if block_m >= 128 else 4, "num_stages": 3}
     _tree_attention_kernel[(num_programs_split, batch * kv_heads, m_blocks)](
         q, k, v, bits.words, out, part_o, part_lse,
         *q.stride(), *k.stride(), *v.stride(), *bits.words.stride(), *out.stride(),
@@ -225,7 +226,7 @@ def tree_attention(
         scale * math.log2(math.e),
         HKV=kv_heads, G=groups,
         BLOCK_M=block_m, BLOCK_N=BLOCK_N, BLOCK_D=block_d,
-        SPLIT=split, DOT_FP32=_INTERPRETED and q.dtype == torch.bfloat16,
+        SPLIT=split, DOT_FP32=INTERPRETED and q.dtype == torch.bfloat16,
         **launch,
     )
     if split:
@@ -281,7 +282,7 @@ def _validate(q, k, v, tree_mask, out) -> TreeMaskBits:
     tensors = [q, k, v, bits.words] + ([] if out is None else [out])
     if len({t.device for t in tensors}) != 1:
         raise ValueError(f"all tensors must be on one device, got {sorted({str(t.device) for t in tensors})}")
-    if q.device.type != "cuda" and not _INTERPRETED:
+    if q.device.type != "cuda" and not INTERPRETED:
         raise ValueError(
             f"tree_attention needs CUDA tensors (got {q.device}); for CPU set TRITON_INTERPRET=1 "
             "before graft_lab.kernels is imported"

@@ -1,0 +1,53 @@
+"""What makes every number traceable: the resolved config, its hash, the git commit, package versions."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import platform
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+# Keys that say where results go or how they are logged, not what was measured.
+NOT_HASHED = ("output_dir", "results_dir", "logger", "force", "tags", "hydra")
+
+
+def resolved(cfg: DictConfig) -> dict[str, Any]:
+    data = OmegaConf.to_container(cfg, resolve=True)
+    data.pop("hydra", None)
+    return data
+
+
+def config_hash(config: dict[str, Any]) -> str:
+    kept = {k: v for k, v in config.items() if k not in NOT_HASHED}
+    return hashlib.sha256(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def git_commit(repo: Path | None = None) -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo or Path(__file__).parent, capture_output=True,
+                             text=True, timeout=5, check=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo or Path(__file__).parent,
+                               capture_output=True, text=True, timeout=5).stdout.strip()
+        return out.stdout.strip() + ("-dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def versions() -> dict[str, str]:
+    out = {"python": platform.python_version()}
+    for pkg in ("graft-lab", "torch", "transformers", "triton", "hydra-core", "wandb"):
+        try:
+            out[pkg] = importlib.metadata.version(pkg)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return out
+
+
+def metadata(cfg: DictConfig) -> dict[str, Any]:
+    config = resolved(cfg)
+    return {"config": config, "config_hash": config_hash(config), "git_commit": git_commit(), "versions": versions()}

@@ -1,0 +1,28 @@
+"""Console output: the short table a run ends with."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .metrics import PHASES
+
+
+def print_summary(summary: dict, out_dir: Path) -> None:
+    speed = summary.get("speedup")
+    rows = [
+        ("tau (tokens / verify step, bonus incl.)", f"{summary['tau']:.2f}"),
+        ("tokens/s", f"{summary['tokens_per_s']:.1f}"),
+        ("AR baseline tokens/s", f"{summary['baseline_tokens_per_s']:.1f}" if summary.get("baseline_tokens_per_s") else "-"),
+        ("speedup vs AR (same run)", f"{speed:.2f}x" if speed else "-"),
+        ("drafted / retrieved nodes per step", f"{summary['drafted_per_step']:.1f} / {summary['retrieved_per_step']:.1f}"),
+        ("output identical to AR", {True: "yes", False: "NO", None: "-"}[summary.get("matches_baseline")]),
+    ]
+    share = summary.get("phase_share", {})
+    rows.append(("phase shares", "  ".join(f"{p} {100 * share.get(p, 0):.0f}%" for p in ("prefill", *PHASES) if p in share)))
+    width = max(len(k) for k, _ in rows)
+    print()
+    for k, v in rows:
+        print(f"  {k:<{width}}  {v}")
+    print(f"\n  {summary['n_questions']} questions, {summary['n_turns']} turns -> {out_dir}/answers.jsonl, summary.json")
+    if not summary.get("complete", True):
+        print("  (incomplete: interrupted)")

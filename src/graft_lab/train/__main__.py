@@ -1,0 +1,102 @@
+"""Train an EAGLE-3 drafter offline:
+
+    python -m graft_lab.train --config conf/train/smollm2.yaml --out runs/smollm2-eagle3 [--resume]
+    python -m graft_lab.train --out runs/smollm2-eagle3 --export-only --export DIR   # checkpoint -> official format
+
+Any TrainConfig field is a flag (--max-tokens 5000000, --labels hard, ...); a YAML --config gives defaults.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from ..models.target import EMBEDDED, Target, load_model
+from .data import mtbench_prompts, render, sharegpt_conversations
+from .loop import TrainConfig, build_drafter, export, train
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def parse(argv=None):
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--config")
+    known, _ = pre.parse_known_args(argv)
+    defaults = {}
+    if known.config:
+        from omegaconf import OmegaConf
+
+        defaults = OmegaConf.to_container(OmegaConf.load(known.config))
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", help="YAML file of defaults for any flag below")
+    ap.add_argument("--target", default=EMBEDDED)
+    ap.add_argument("--target-dtype", default="bfloat16", help="dtype of the target's feature prefill")
+    ap.add_argument("--max-len", type=int, default=1024, help="tokens per rendered conversation (truncated)")
+    ap.add_argument("--val-sequences", type=int, default=16, help="held-out conversations (the file's first)")
+    ap.add_argument("--eval-questions", type=int, default=10, help="MT-Bench first turns for the tau curve")
+    ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--export", help="write the drafter in the official format here at the end")
+    ap.add_argument("--export-only", action="store_true", help="export the run's checkpoint and exit")
+    for f in dataclasses.fields(TrainConfig):
+        if f.name == "extra":
+            continue
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        if isinstance(default, bool):
+            ap.add_argument(_flag(f.name), type=lambda s: s.lower() in ("1", "true", "yes"), default=default)
+        elif isinstance(default, tuple):
+            ap.add_argument(_flag(f.name), type=lambda s: tuple(x for x in s.split(",") if x), default=default)
+        else:
+            ap.add_argument(_flag(f.name), type=type(default), default=default)
+    known_dests = {a.dest for a in ap._actions}
+    bad = [k for k in defaults if k.replace("-", "_") not in known_dests]
+    if bad:
+        ap.error(f"unknown keys in {known.config}: {bad}")
+    ap.set_defaults(**{k.replace("-", "_"): (tuple(v) if isinstance(v, list) else v) for k, v in defaults.items()})
+    return ap.parse_args(argv)
+
+
+def main(argv=None) -> None:
+    args = parse(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    cfg = TrainConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig) if f.name != "extra"})
+    model, tok = load_model(args.target, dtype=args.target_dtype)
+    target = Target(model, tok)
+    eos = (tok.eos_token_id,)
+    if args.export_only:
+        ck = torch.load(Path(cfg.out) / "checkpoint.pt", weights_only=False)
+        keep = torch.load(Path(cfg.out) / "vocab.pt")["keep"]
+        net = build_drafter(target, keep, "random", cfg.seed)
+        net.load_state_dict(ck["model"])
+        print(export(net, args.export or Path(cfg.out) / "export", target), json.dumps(ck["state"]))
+        return
+    val_n = args.val_sequences
+
+    def sequences(skip: int):
+        for idx, msgs in sharegpt_conversations(skip=val_n + skip):
+            ids, mask = render(tok, msgs, args.max_len)
+            yield idx - val_n, ids, mask
+
+    val = []
+    for _, msgs in sharegpt_conversations():
+        if len(val) >= val_n:
+            break
+        val.append(render(tok, msgs, args.max_len))
+    prompts = mtbench_prompts(tok, args.eval_questions) if args.eval_questions else []
+    t0 = time.time()
+    net = train(cfg, target, sequences, val, prompts, eos, resume=args.resume)
+    print(f"[train] done in {time.time() - t0:.0f} s", flush=True)
+    if args.export:
+        print("[train] exported to", export(net, args.export, target))
+
+
+if __name__ == "__main__":
+    main()

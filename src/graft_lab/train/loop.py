@@ -1,0 +1,260 @@
+"""The training loop: on-the-fly target features, batched TTT, AdamW with warm-up + cosine decay,
+atomic resumable checkpoints, held-out per-step accuracy and a tau learning curve."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from transformers import LlamaConfig
+
+from ..drafters.eagle3_checkpoint import save_eagle3
+from ..drafters.eagle3_model import Eagle3Model
+from ..models.target import Target
+from .features import target_features
+from .ttt import ttt_loss
+from .vocab import count_labels, coverage, draft_vocab, maps
+
+Sequences = Callable[[int], Iterator[tuple[int, torch.Tensor, torch.Tensor]]]  # skip -> (index, ids, mask)
+
+
+@dataclass
+class TrainConfig:
+    out: str = "runs/eagle3"  # run directory: checkpoint.pt, vocab.pt, log.jsonl, curve.jsonl, export/
+    draft_vocab: int = 8192
+    vocab_sequences: int = 2000  # training sequences counted for the draft vocabulary
+    ttt_steps: int = 7
+    labels: str = "soft"  # soft: target distribution over the draft vocab; hard: the data token
+    decay: float = 0.8  # step j loss weight decay**j
+    lr: float = 8e-4
+    min_lr_ratio: float = 0.1
+    warmup_tokens: int = 100_000
+    weight_decay: float = 0.01
+    clip: float = 0.5
+    labels_per_step: int = 2048  # label (assistant) tokens per optimizer step
+    max_tokens: int = 5_000_000  # sequence tokens through the target; the lr schedule spans this
+    max_minutes: float = 0.0  # stop (with a checkpoint) after this much wall time in this process; 0: none
+    autocast: bool = True  # bf16 autocast for the drafter (AMX on recent Xeons); weights stay fp32
+    head_init: str = "target"  # target: lm_head rows and norm from the target's head; random
+    seed: int = 0
+    ckpt_every: int = 50  # optimizer steps
+    log_every: int = 10
+    eval_every_tokens: int = 1_000_000  # tau learning curve; 0: only at the end
+    eval_trees: tuple[str, ...] = ("dense", "chain")
+    eval_new_tokens: int = 64
+    min_labels: int = 8  # skip sequences with fewer label tokens
+    progress: bool = True
+    extra: dict = field(default_factory=dict)
+
+
+def drafter_config(target: Target, draft_vocab_size: int) -> LlamaConfig:
+    tc = target.config
+    return LlamaConfig(
+        vocab_size=target.vocab_size, hidden_size=tc.hidden_size, intermediate_size=tc.intermediate_size,
+        num_attention_heads=tc.num_attention_heads, num_key_value_heads=tc.num_key_value_heads,
+        head_dim=getattr(tc, "head_dim", None) or tc.hidden_size // tc.num_attention_heads,
+        rms_norm_eps=tc.rms_norm_eps, max_position_embeddings=tc.max_position_embeddings,
+        rope_parameters=dict(getattr(tc, "rope_parameters", None) or {"rope_type": "default", "rope_theta": 10000.0}),
+        attention_bias=False, hidden_act="silu", bos_token_id=tc.bos_token_id, eos_token_id=tc.eos_token_id,
+        pad_token_id=tc.pad_token_id, num_hidden_layers=1, draft_vocab_size=draft_vocab_size,
+    )
+
+
+def build_drafter(target: Target, keep: torch.Tensor, head_init: str, seed: int) -> Eagle3Model:
+    torch.manual_seed(seed)
+    net = Eagle3Model(drafter_config(target, keep.numel()), target_hidden_size=target.hidden_size)
+    d2t, t2d = maps(keep, target.vocab_size)
+    net.d2t.copy_(d2t)
+    net.t2d.copy_(t2d)
+    if head_init == "target":
+        with torch.no_grad():
+            net.lm_head.weight.copy_(target.model.get_output_embeddings().weight[keep].float())
+            norm = getattr(target.model.model, "norm", None)
+            if norm is not None:
+                net.norm.weight.copy_(norm.weight.float())
+    return net.float()
+
+
+def lr_at(cfg: TrainConfig, tokens: int) -> float:
+    if tokens < cfg.warmup_tokens:
+        return cfg.lr * max(tokens, 1) / cfg.warmup_tokens
+    frac = min(1.0, (tokens - cfg.warmup_tokens) / max(1, cfg.max_tokens - cfg.warmup_tokens))
+    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * frac)))
+
+
+def atomic_save(obj, path: Path) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def append_jsonl(path: Path, row: dict) -> None:
+    with open(path, "a") as f:
+        f.write(json.dumps(row) + "\n")
+
+
+@torch.no_grad()
+def validate(net, target, val, keep, t2d_index, cfg) -> dict:
+    """Per-step loss and top-1 agreement with the target (and with the data token) on held-out sequences."""
+    net.eval()
+    agg = [[0.0, 0, 0, 0] for _ in range(cfg.ttt_steps)]
+    for ids, mask in val:
+        f = target_features(target, ids, keep)
+        _, stats = ttt_loss(net, ids, mask, f.aux, f.embeds, f.draft_logits, t2d_index, cfg.ttt_steps,
+                            cfg.labels, cfg.decay, cfg.autocast)
+        for a, s in zip(agg, stats or []):
+            for i in range(4):
+                a[i] += s[i]
+    net.train()
+    return {"val_loss": [round(a[0] / max(a[3], 1), 4) for a in agg],
+            "val_acc": [round(a[1] / max(a[3], 1), 4) for a in agg],
+            "val_acc_data": [round(a[2] / max(a[3], 1), 4) for a in agg]}
+
+
+def train(cfg: TrainConfig, target: Target, sequences: Sequences, val=(), eval_prompts=(), eos_ids=(),
+          resume: bool = False) -> Eagle3Model:
+    """Train (or resume) a drafter for `target`; returns the network. `sequences(skip)` streams training
+    (index, ids [T], assistant mask [T]) from source index `skip`."""
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    ckpt_path, vocab_path = out / "checkpoint.pt", out / "vocab.pt"
+    torch.manual_seed(cfg.seed)
+    if resume and vocab_path.is_file():
+        vocab = torch.load(vocab_path)
+    else:
+        t0 = time.perf_counter()
+        it = sequences(0)
+        counts = count_labels((s[1:] for _, s in zip(range(cfg.vocab_sequences), it)), target.vocab_size)
+        always = tuple(i for i in eos_ids if i is not None)
+        keep = draft_vocab(counts, cfg.draft_vocab, always)
+        vocab = {"keep": keep, "counts": counts, "coverage": coverage(counts, keep),
+                 "seconds": time.perf_counter() - t0}
+        atomic_save(vocab, vocab_path)
+    keep = vocab["keep"]
+    print(f"[train] draft vocab {keep.numel()} covers {vocab['coverage']:.4f} of label tokens", flush=True)
+    t2d_index = torch.full((target.vocab_size,), -1, dtype=torch.long)
+    t2d_index[keep] = torch.arange(keep.numel())
+    net = build_drafter(target, keep, cfg.head_init, cfg.seed)
+    net.train()
+    decay, no_decay = [], []
+    for name, p in net.named_parameters():
+        (no_decay if p.dim() < 2 else decay).append(p)
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95))
+    state = {"step": 0, "tokens": 0, "label_tokens": 0, "consumed": 0, "wall": 0.0, "next_eval": cfg.eval_every_tokens}
+    if resume and ckpt_path.is_file():
+        ck = torch.load(ckpt_path, weights_only=False)
+        net.load_state_dict(ck["model"])
+        opt.load_state_dict(ck["opt"])
+        state = ck["state"]
+        torch.set_rng_state(ck["rng"])
+        print(f"[train] resumed at step {state['step']}, {state['tokens']} tokens, source index {state['consumed']}", flush=True)
+
+    def checkpoint():
+        atomic_save({"model": net.state_dict(), "opt": opt.state_dict(), "state": state, "rng": torch.get_rng_state(),
+                     "config": asdict(cfg)}, ckpt_path)
+
+    def curve_point(final=False):
+        row = {"step": state["step"], "tokens": state["tokens"], "label_tokens": state["label_tokens"],
+               "wall_s": round(state["wall"], 1), "final": final}
+        if val:
+            row.update(validate(net, target, val, keep, t2d_index, cfg))
+        if eval_prompts:
+            taus = __import__("graft_lab.train.evaluate", fromlist=["measure"]).measure(
+                target, net, eval_prompts, cfg.eval_trees, cfg.eval_new_tokens, eos_ids)
+            row.update({f"tau_{k}": round(v["tau"], 4) for k, v in taus.items()})
+        append_jsonl(out / "curve.jsonl", row)
+        print(f"[curve] {json.dumps(row)}", flush=True)
+
+    bar = None
+    if cfg.progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=cfg.max_tokens, initial=state["tokens"], unit="tok", unit_scale=True, dynamic_ncols=True,
+                   mininterval=5)
+    stream = sequences(state["consumed"])
+    t_start = time.perf_counter()
+    t_last = t_log = t_start
+    tok_log = state["tokens"]
+    window = [[0.0, 0, 0, 0] for _ in range(cfg.ttt_steps)]
+    exhausted = False
+    while state["tokens"] < cfg.max_tokens and not exhausted:
+        if cfg.max_minutes and time.perf_counter() - t_start > cfg.max_minutes * 60:
+            print("[train] time limit reached", flush=True)
+            break
+        step_tokens = step_labels = 0
+        opt.zero_grad(set_to_none=True)
+        while step_labels < cfg.labels_per_step:
+            try:
+                idx, ids, mask = next(stream)
+            except StopIteration:
+                exhausted = True
+                break
+            state["consumed"] = idx + 1
+            n_lab = int(mask[2:].sum())
+            if n_lab < cfg.min_labels:
+                continue
+            f = target_features(target, ids, keep)
+            loss, stats = ttt_loss(net, ids, mask, f.aux, f.embeds, f.draft_logits, t2d_index, cfg.ttt_steps,
+                                   cfg.labels, cfg.decay, cfg.autocast)
+            (loss / cfg.labels_per_step).backward()
+            step_tokens += ids.numel()
+            step_labels += stats[0][3]
+            for a, s in zip(window, stats):
+                for i in range(4):
+                    a[i] += s[i]
+        if step_labels == 0:
+            break
+        lr = lr_at(cfg, state["tokens"])
+        for g in opt.param_groups:
+            g["lr"] = lr
+        gnorm = float(torch.nn.utils.clip_grad_norm_(net.parameters(), cfg.clip))
+        opt.step()
+        state["step"] += 1
+        state["tokens"] += step_tokens
+        state["label_tokens"] += step_labels
+        now = time.perf_counter()
+        state["wall"] += now - t_last
+        t_last = now
+        if bar is not None:
+            bar.update(step_tokens)
+        if state["step"] % cfg.log_every == 0:
+            tps = (state["tokens"] - tok_log) / max(now - t_log, 1e-9)
+            row = {"step": state["step"], "tokens": state["tokens"], "lr": lr, "gnorm": round(gnorm, 3),
+                   "loss": [round(a[0] / max(a[3], 1), 3) for a in window],
+                   "acc": [round(a[1] / max(a[3], 1), 3) for a in window], "tok_s": round(tps, 1),
+                   "wall_s": round(state["wall"], 1)}
+            append_jsonl(out / "log.jsonl", row)
+            if bar is not None:
+                bar.set_postfix_str(f"loss {row['loss'][0]:.2f}/{row['loss'][-1]:.2f} acc "
+                                    + ",".join(f"{a:.2f}" for a in row["acc"]) + f" {tps:.0f} tok/s")
+            else:
+                print(f"[train] {json.dumps(row)}", flush=True)
+            window = [[0.0, 0, 0, 0] for _ in range(cfg.ttt_steps)]
+            t_log, tok_log = now, state["tokens"]
+        if cfg.eval_every_tokens and state["tokens"] >= state["next_eval"]:
+            state["next_eval"] += cfg.eval_every_tokens
+            curve_point()
+            t_last = t_log = time.perf_counter()  # evaluation time is not training time
+            tok_log = state["tokens"]
+        if state["step"] % cfg.ckpt_every == 0:
+            checkpoint()
+    checkpoint()
+    if bar is not None:
+        bar.close()
+    if state["tokens"] >= cfg.max_tokens or exhausted:
+        curve_point(final=True)
+        checkpoint()
+    return net
+
+
+def export(net: Eagle3Model, out_dir, target: Target, dtype=torch.bfloat16) -> Path:
+    """Write the official format; records the aux layers (SpecForge numbering: decoder-layer outputs)."""
+    aux = [i - 1 for i in target.aux_layers]
+    return save_eagle3(net, out_dir, dtype=dtype, extra_config={"eagle_config": {"eagle_aux_hidden_state_layer_ids": aux}})
