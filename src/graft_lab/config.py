@@ -1,7 +1,7 @@
 """The run configuration: one strict schema for the fixed groups, and the registries for the pluggable ones.
 
 `validate(cfg)` runs before any model loads. An unknown key or an out-of-range value raises ConfigError
-naming the field; the pluggable groups (drafter, pruner, retriever, graft, dataset) are checked by the
+naming the field; the pluggable groups (drafter, pruner, retriever, graft, dataset, logger) are checked by the
 registry entry they name, against that entry's options dataclass.
 """
 
@@ -17,10 +17,12 @@ from .data import DATASETS
 from .drafters import DRAFTERS
 from .errors import ConfigError
 from .graft import GRAFTS
+from .loggers import LOGGERS
 from .pruners import PRUNERS
 from .retrievers import RETRIEVERS
 
-PLUGGABLE = {"drafter": DRAFTERS, "pruner": PRUNERS, "retriever": RETRIEVERS, "graft": GRAFTS, "dataset": DATASETS}
+PLUGGABLE = {"drafter": DRAFTERS, "pruner": PRUNERS, "retriever": RETRIEVERS, "graft": GRAFTS, "dataset": DATASETS,
+              "logger": LOGGERS}
 
 
 @dataclass

@@ -58,6 +58,13 @@ def accept_greedy(tree: DraftTree, logits: torch.Tensor) -> Acceptance:
     return Acceptance(path=path, bonus=int(pred[best]))
 
 
+def residual(p: torch.Tensor, rejected: torch.Tensor) -> torch.Tensor:
+    """p with every rejected deterministic candidate removed (unnormalised): max(p - q, 0) for one-hot q."""
+    out = p.clone()
+    out[rejected] = 0.0
+    return out
+
+
 def accept_sampling(
     tree: DraftTree, logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
 ) -> Acceptance:
@@ -75,15 +82,14 @@ def accept_sampling(
         p = probs[node]
         if children.numel():
             pc = p[tree.tokens[children]]  # [m]
-            residual = (1.0 - (pc.cumsum(0) - pc)).clamp(min=1e-12)
+            left = (1.0 - (pc.cumsum(0) - pc)).clamp(min=1e-12)  # [m] mass not yet rejected before c_i
             u = torch.rand(children.numel(), generator=generator, device=p.device)
-            hit = (u * residual < pc).nonzero()
+            hit = (u * left < pc).nonzero()
             if hit.numel():
                 node = int(children[hit[0, 0]])
                 path.append(node)
                 continue
-            p = p.clone()
-            p[tree.tokens[children]] = 0.0
+            p = residual(p, tree.tokens[children])
         bonus = int(torch.multinomial(p / p.sum(), 1, generator=generator))
         return Acceptance(path=torch.tensor(path, device=tree.device), bonus=bonus)
 

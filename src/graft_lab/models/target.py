@@ -13,6 +13,8 @@ from ..errors import ModelLoadError
 from ..tree import DraftTree
 from .cache import TreeKVCache
 from .embedded import embedded_dir
+from .random_model import PREFIX as RANDOM
+from .random_model import load_random
 
 EMBEDDED = "embedded:smollm2-135m-instruct"
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -51,6 +53,8 @@ def load_model(
     """Load a causal LM and its tokenizer; hub ids fail with a message saying how to get the weights."""
     if dtype not in DTYPES:
         raise ModelLoadError(f"unknown dtype '{dtype}'; valid: {', '.join(DTYPES)}")
+    if path.startswith(RANDOM):
+        return load_random(path, DTYPES[dtype], device)
     source, local = resolve_source(path)
     kwargs = {"dtype": DTYPES[dtype]}
     if device_map:

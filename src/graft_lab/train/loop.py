@@ -32,6 +32,7 @@ class TrainConfig:
     ttt_steps: int = 7
     labels: str = "soft"  # soft: target distribution over the draft vocab; hard: the data token
     decay: float = 0.8  # step j loss weight decay**j
+    anchor_frac: float = 1.0  # share of trained anchors that also run TTT steps >= 1 (cost vs signal)
     lr: float = 8e-4
     min_lr_ratio: float = 0.1
     warmup_tokens: int = 100_000
@@ -41,7 +42,7 @@ class TrainConfig:
     max_tokens: int = 5_000_000  # sequence tokens through the target; the lr schedule spans this
     max_minutes: float = 0.0  # stop (with a checkpoint) after this much wall time in this process; 0: none
     autocast: bool = True  # bf16 autocast for the drafter (AMX on recent Xeons); weights stay fp32
-    head_init: str = "target"  # target: lm_head rows and norm from the target's head; random
+    head_init: str = "rows"  # rows: lm_head = the target's head rows of the draft vocab; target: and its final norm; random
     seed: int = 0
     ckpt_every: int = 50  # optimizer steps
     log_every: int = 10
@@ -72,11 +73,11 @@ def build_drafter(target: Target, keep: torch.Tensor, head_init: str, seed: int)
     d2t, t2d = maps(keep, target.vocab_size)
     net.d2t.copy_(d2t)
     net.t2d.copy_(t2d)
-    if head_init == "target":
+    if head_init in ("rows", "target"):
         with torch.no_grad():
             net.lm_head.weight.copy_(target.model.get_output_embeddings().weight[keep].float())
             norm = getattr(target.model.model, "norm", None)
-            if norm is not None:
+            if norm is not None and head_init == "target":
                 net.norm.weight.copy_(norm.weight.float())
     return net.float()
 
@@ -179,6 +180,7 @@ def train(cfg: TrainConfig, target: Target, sequences: Sequences, val=(), eval_p
         bar = tqdm(total=cfg.max_tokens, initial=state["tokens"], unit="tok", unit_scale=True, dynamic_ncols=True,
                    mininterval=5)
     stream = sequences(state["consumed"])
+    gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + state["step"])
     t_start = time.perf_counter()
     t_last = t_log = t_start
     tok_log = state["tokens"]
@@ -202,7 +204,7 @@ def train(cfg: TrainConfig, target: Target, sequences: Sequences, val=(), eval_p
                 continue
             f = target_features(target, ids, keep)
             loss, stats = ttt_loss(net, ids, mask, f.aux, f.embeds, f.draft_logits, t2d_index, cfg.ttt_steps,
-                                   cfg.labels, cfg.decay, cfg.autocast)
+                                   cfg.labels, cfg.decay, cfg.autocast, cfg.anchor_frac, gen)
             (loss / cfg.labels_per_step).backward()
             step_tokens += ids.numel()
             step_labels += stats[0][3]

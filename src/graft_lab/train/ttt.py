@@ -18,9 +18,12 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb, repea
 from ..drafters.eagle3_model import Eagle3Model
 
 
-def ttt_forward(net: Eagle3Model, aux: torch.Tensor, embeds: torch.Tensor, steps: int) -> list[torch.Tensor]:
+def ttt_forward(net: Eagle3Model, aux: torch.Tensor, embeds: torch.Tensor, steps: int,
+                sel: torch.Tensor | None = None) -> list[torch.Tensor]:
     """aux: [B, N, 3H] features of anchors 0..N-1; embeds: [B, N + steps - 1, H] embeddings of x_1..;
-    returns `steps` pre-norm outputs [B, N, H]; output j at anchor i predicts x_{i+j+2}."""
+    returns `steps` pre-norm outputs; output j at anchor i predicts x_{i+j+2}. Step 0 runs on every anchor
+    ([B, N, H]: its keys are everyone's prefix); steps >= 1 only on the anchors `sel` ([M] ascending,
+    default all), giving [B, M, H] (a chain depends only on its own anchor and the step-0 keys)."""
     layer = net.midlayer
     attn = layer.self_attn
     b, n, _ = aux.shape
@@ -29,11 +32,15 @@ def ttt_forward(net: Eagle3Model, aux: torch.Tensor, embeds: torch.Tensor, steps
     h = net.fc(aux)
     base = torch.arange(n, device=aux.device)[None].expand(b, -1)
     causal = torch.ones(n, n, dtype=torch.bool, device=aux.device).tril()
+    rows = torch.arange(n, device=aux.device) if sel is None else sel
     k0 = v0 = None
     ks, vs, outs = [], [], []
     for j in range(steps):
+        if j == 1 and sel is not None:
+            h, base, causal, n = h[:, sel], base[:, sel], causal[sel], sel.numel()
         cos, sin = net.rotary_emb(h, position_ids=base + j)
-        x = torch.cat([layer.input_layernorm(embeds[:, j : j + n]), layer.hidden_norm(h)], dim=-1)
+        emb = embeds[:, j : j + aux.shape[1]] if j == 0 else embeds[:, rows + j]
+        x = torch.cat([layer.input_layernorm(emb), layer.hidden_norm(h)], dim=-1)
         q = attn.q_proj(x).view(b, n, nh, d).transpose(1, 2)
         k = attn.k_proj(x).view(b, n, nkv, d).transpose(1, 2)
         v = attn.v_proj(x).view(b, n, nkv, d).transpose(1, 2)
@@ -49,7 +56,7 @@ def ttt_forward(net: Eagle3Model, aux: torch.Tensor, embeds: torch.Tensor, steps
             s0 = s0.masked_fill(~causal, torch.finfo(s0.dtype).min)
             sd = torch.stack([(q * kk).sum(-1) for kk in ks], dim=-1) * attn.scaling  # [B, nh, N, j]
             p = torch.softmax(torch.cat([s0, sd], dim=-1).float(), dim=-1).to(q.dtype)
-            o = p[..., :n] @ v0 + (p[..., n:, None] * torch.stack(vs, dim=-2)).sum(-2)
+            o = p[..., : k0.shape[2]] @ v0 + (p[..., k0.shape[2] :, None] * torch.stack(vs, dim=-2)).sum(-2)
         o = attn.o_proj(o.transpose(1, 2).reshape(b, n, nh * d))
         x = h + o
         h = x + layer.mlp(layer.post_attention_layernorm(x))
@@ -73,11 +80,13 @@ def step_targets(ids: torch.Tensor, mask: torch.Tensor, tgt_logits: torch.Tensor
 
 def ttt_loss(net: Eagle3Model, ids: torch.Tensor, mask: torch.Tensor, aux: torch.Tensor, embeds: torch.Tensor,
              tgt_logits: torch.Tensor, t2d_index: torch.Tensor, steps: int, labels: str = "soft",
-             decay: float = 0.8, autocast: bool = False):
+             decay: float = 0.8, autocast: bool = False, anchor_frac: float = 1.0,
+             generator: torch.Generator | None = None):
     """Weighted TTT loss for one sequence (a sum over valid anchors, sum_j decay^j * loss_j / sum_j decay^j;
     the caller divides by its token count) and per-step stats.
 
     ids, mask: [T]; aux: [T, 3H]; embeds: [T, H]; tgt_logits: [T, D]; t2d_index: [V] draft id or -1.
+    Steps >= 1 run only from anchors whose step-0 label is trained, a random `anchor_frac` of them.
     Returns (loss, stats) where stats[j] = (loss sum, correct vs the target's top-1, correct vs the data
     token, counted) over valid anchors of step j."""
     t = ids.numel()
@@ -86,13 +95,19 @@ def ttt_loss(net: Eagle3Model, ids: torch.Tensor, mask: torch.Tensor, aux: torch
         return None, None
     pad = embeds.new_zeros(steps, embeds.shape[-1])
     emb = torch.cat([embeds[1:], pad])[: n + steps - 1]
+    sel = torch.nonzero(mask[2:]).flatten()
+    if anchor_frac < 1.0 and sel.numel() > 1:
+        pick = torch.rand(sel.numel(), generator=generator) < anchor_frac
+        sel = sel[pick] if pick.any() else sel[:1]
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-        outs = ttt_forward(net, aux[None, :n], emb[None], steps)
+        outs = ttt_forward(net, aux[None, :n], emb[None], steps, sel)
     total = 0.0
     weight = 0.0
     stats = []
     for j, h in enumerate(outs):
         soft, hard, valid = step_targets(ids, mask, tgt_logits, n, j, t2d_index)
+        if j > 0:
+            soft, hard, valid = soft[sel], hard[sel], valid[sel]
         cnt = int(valid.sum())
         if cnt == 0:
             stats.append((0.0, 0, 0, 0))
@@ -111,5 +126,5 @@ def ttt_loss(net: Eagle3Model, ids: torch.Tensor, mask: torch.Tensor, aux: torch
         w = decay**j
         total = total + w * lj
         weight += w
-        stats.append((float(lj), int((pred == tsoft.argmax(-1)).sum()), int((pred == thard).sum()), cnt))
+        stats.append((float(lj.detach()), int((pred == tsoft.argmax(-1)).sum()), int((pred == thard).sum()), cnt))
     return total / max(weight, 1e-9), stats

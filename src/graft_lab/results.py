@@ -1,0 +1,116 @@
+"""The consolidated results table: one row per run in `<results_dir>/runs.parquet` and `runs.csv`.
+
+A row is keyed by the run's config hash, so a rerun replaces its row instead of adding one, and a sweep
+that was interrupted can skip every point that already has a complete row. Parallel sweep jobs share the
+table through a file lock; each write goes to a temporary file that replaces the table in one rename.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from filelock import FileLock
+
+METRICS = (
+    "complete", "tau", "speedup", "tokens_per_s", "baseline_tokens_per_s", "new_tokens", "steps", "wall_time_s",
+    "drafted_per_step", "retrieved_per_step", "accepted_retrieved_per_step", "peak_memory_mb", "n_questions",
+    "n_turns", "matches_baseline", "device", "config_hash", "git_commit",
+)
+JSON_FIELDS = ("acceptance_by_position", "per_category", "versions", "mismatched_questions")
+
+
+def method_name(config: dict[str, Any]) -> str:
+    """A short label per decoding method: drafter, then the pruner and retriever@graft when used."""
+    parts = [config["drafter"]["name"]]
+    if config["pruner"]["name"] != "none":
+        parts.append(config["pruner"]["name"])
+    if config["retriever"]["name"] != "none":
+        parts.append(f"{config['retriever']['name']}@{config['graft']['name']}")
+    return "+".join(parts)
+
+
+def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested dicts to dotted keys; lists become JSON text so every cell is a scalar."""
+    out: dict[str, Any] = {}
+    for k, v in data.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = json.dumps(v) if isinstance(v, list) else v
+    return out
+
+
+def row_of(summary: dict[str, Any], out_dir: Path) -> dict[str, Any]:
+    config = summary["config"]
+    row = {
+        "run_dir": str(out_dir),
+        "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "experiment_name": config.get("experiment_name"),
+        "method": method_name(config),
+        "model": config["model"]["name"],
+        "dataset": config["dataset"]["name"],
+        "budget": config["tree"]["total_tokens"],
+        **{k: summary.get(k) for k in METRICS},
+        **{f"phase_share.{k}": v for k, v in summary.get("phase_share", {}).items()},
+        **{k: json.dumps(summary.get(k)) for k in JSON_FIELDS},
+        **flatten(config, "cfg."),
+    }
+    return row
+
+
+def arrow_safe(df: pd.DataFrame) -> pd.DataFrame:
+    """Columns whose cells mix Python types (a null in one run, a list in another) become text."""
+    for col in df.columns[df.dtypes == object]:
+        kinds = {type(v) for v in df[col] if v is not None and not (isinstance(v, float) and pd.isna(v))}
+        if len(kinds) > 1:
+            df[col] = df[col].map(lambda v: None if v is None or (isinstance(v, float) and pd.isna(v)) else str(v))
+    return df
+
+
+@dataclass(frozen=True)
+class ResultsTable:
+    root: Path
+
+    @property
+    def parquet(self) -> Path:
+        return self.root / "runs.parquet"
+
+    @property
+    def csv(self) -> Path:
+        return self.root / "runs.csv"
+
+    def lock(self) -> FileLock:
+        self.root.mkdir(parents=True, exist_ok=True)
+        return FileLock(str(self.root / ".runs.lock"), timeout=600)
+
+    def read(self) -> pd.DataFrame:
+        return pd.read_parquet(self.parquet) if self.parquet.is_file() else pd.DataFrame()
+
+    def complete_run(self, config_hash: str) -> str | None:
+        """The run directory of a complete run with this config hash, if the table has one."""
+        df = self.read()
+        if df.empty:
+            return None
+        hit = df[(df["config_hash"] == config_hash) & df["complete"].astype(bool)]
+        return None if hit.empty else str(hit["run_dir"].iloc[0])
+
+    def upsert(self, row: dict[str, Any]) -> None:
+        """Add `row`, replacing any row with the same config hash; both files are replaced atomically."""
+        with self.lock():
+            df = self.read()
+            if not df.empty:
+                df = df[df["config_hash"] != row["config_hash"]]
+            df = pd.concat([df, pd.DataFrame([row])], ignore_index=True) if not df.empty else pd.DataFrame([row])
+            df = arrow_safe(df)
+            for path, write in ((self.parquet, lambda p: df.to_parquet(p, index=False)),
+                                (self.csv, lambda p: df.to_csv(p, index=False))):
+                tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+                write(tmp)
+                os.replace(tmp, path)

@@ -1,0 +1,107 @@
+"""Where a run's weights are, found without loading them: so a run that cannot start says so (every
+missing checkpoint at once, with how to get it) before minutes of loading, and so checks that need the
+model's config (vocabulary, context) and datasets that need its tokenizer can run early."""
+
+from __future__ import annotations
+
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from transformers import AutoConfig, AutoTokenizer, PretrainedConfig
+
+from .drafters.eagle3_checkpoint import BUILTIN, resolve_checkpoint
+from .errors import ModelLoadError
+from .models.embedded import embedded_dir, gguf_path
+from .models.random_model import PREFIX as RANDOM
+from .models.random_model import random_config, random_tokenizer
+from .models.target import EMBEDDED, resolve_source
+
+
+TARGET, DRAFTER = "target model", "EAGLE-3 drafter"
+
+
+@dataclass(frozen=True)
+class Weights:
+    role: str  # TARGET or DRAFTER
+    path: str  # as configured
+    key: str  # the config field that sets it
+
+    @property
+    def is_hub_id(self) -> bool:
+        p = self.path
+        special = p.startswith((RANDOM, BUILTIN)) or p == EMBEDDED
+        looks_local = p.startswith(("/", "./", "../", "~")) or p.count("/") != 1
+        return not special and not looks_local and not Path(p).expanduser().exists()
+
+
+def hub_cached(repo_id: str) -> bool:
+    from huggingface_hub import try_to_load_from_cache
+
+    return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
+
+
+def hub_reachable(timeout: float = 3.0) -> bool:
+    """One short request to the hub's endpoint; False offline or with HF_HUB_OFFLINE set."""
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return False
+    try:
+        urllib.request.urlopen(constants.ENDPOINT, timeout=timeout).close()
+        return True
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def local_problem(w: Weights) -> str | None:
+    """Why weights that need no network are unusable, or None."""
+    if w.path.startswith(RANDOM):
+        return None
+    try:
+        if w.path == EMBEDDED:
+            gguf_path()
+        elif w.role == DRAFTER:
+            resolve_checkpoint(w.path)
+        else:
+            resolve_source(w.path)
+    except ModelLoadError as exc:
+        return str(exc)
+    return None
+
+
+def check_weights(needed: list[Weights]) -> None:
+    """Raise ModelLoadError naming every checkpoint that is neither local, cached nor downloadable."""
+    problems = [f"  {w.role} ({w.key}={w.path}): {p}" for w in needed if not w.is_hub_id and (p := local_problem(w))]
+    remote = [w for w in needed if w.is_hub_id and not hub_cached(w.path)]
+    if remote and not hub_reachable():
+        for i, w in enumerate(remote):
+            problems.append(
+                f"  {w.role} '{w.path}' is not in the Hugging Face cache and the hub is unreachable: run "
+                f"`hf download {w.path} --local-dir DIR{i}` where you have a network, then add {w.key}=DIR{i}"
+            )
+    if problems:
+        raise ModelLoadError("missing weights, nothing was loaded:\n" + "\n".join(problems))
+
+
+def model_config(path: str) -> PretrainedConfig | None:
+    """The target's config without its weights; None for a hub model not in the cache."""
+    if path.startswith(RANDOM):
+        return random_config(path)
+    if path == EMBEDDED:
+        return AutoConfig.from_pretrained(embedded_dir())
+    try:
+        return AutoConfig.from_pretrained(resolve_source(path)[0], local_files_only=True)
+    except (OSError, ValueError):
+        return None
+
+
+def model_tokenizer(path: str):
+    """The target's tokenizer (datasets measured in tokens need it before the model loads)."""
+    if path.startswith(RANDOM):
+        return random_tokenizer()
+    try:
+        return AutoTokenizer.from_pretrained(resolve_source(path)[0])
+    except OSError as exc:
+        raise ModelLoadError(f"could not load the tokenizer of '{path}': {exc}") from None
