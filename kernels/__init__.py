@@ -11,12 +11,12 @@ if __name__ == "graft_lab.kernels":
     from .tree_attention_kernel import tree_attention
     from .tree_mask import TreeMaskBits, pack_tree_mask
 
-__all__ = [
-    "ATTENTION_NAME",
-    "TreeMaskBits",
-    "graft_tree_attention",
-    "pack_tree_mask",
-    "register_tree_attention",
-    "tree_attention",
-    "tree_attention_reference",
-]
+    __all__ = [
+        "ATTENTION_NAME",
+        "TreeMaskBits",
+        "graft_tree_attention",
+        "pack_tree_mask",
+        "register_tree_attention",
+        "tree_attention",
+        "tree_attention_reference",
+    ]

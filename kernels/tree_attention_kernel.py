@@ -1,10 +1,10 @@
 """Triton tree attention for speculative verification.
 
-Every tree node attends to the whole cached prefix plus its ancestors and itself. The prefix is
-read in BLOCK_N tiles with no mask at all; only the final T keys (the tree) consult the packed
-ancestor bits. One program holds all GQA query heads of one kv head, so each KV tile is read
-once for the whole group; long prefixes are cut into chunks run by separate programs and merged
-by log-sum-exp (flash-decoding), because batch x kv heads alone cannot fill a GPU.
+Every tree node attends to the whole cached prefix plus its ancestors and itself. The prefix is read in
+BLOCK_N tiles that load no mask (only the chunk end bounds them); only the final T keys, the tree, consult
+the packed ancestor bits. One program holds all GQA query heads of one kv head, so each KV tile is read
+once for the whole group; long prefixes are cut into chunks run by separate programs and merged by
+log-sum-exp (flash-decoding), because batch x kv heads alone cannot fill a GPU.
 """
 
 import math
@@ -17,9 +17,7 @@ from triton.runtime.interpreter import InterpretedFunction
 from .tree_mask import WORD_BITS, TreeMaskBits, pack_tree_mask
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-BLOCK_N = 64
-MAX_BLOCK_M = 128
-MIN_SPLIT_KEYS = 2048  # fewer keys per chunk and the fp32 partials cost more traffic than they hide
+MIN_SPLIT_KEYS = 1024  # below this, the fp32 partials of a chunk cost more traffic than its parallelism hides
 COMBINE_BLOCK_T = 16
 
 
@@ -73,7 +71,7 @@ def _tree_attention_kernel(
     T, S, D, chunk,  # chunk: prefix keys per split, a multiple of BLOCK_N
     qk_scale,
     HKV: tl.constexpr, G: tl.constexpr,  # G: query heads per kv head
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, WORD_BITS: tl.constexpr,
     SPLIT: tl.constexpr, DOT_FP32: tl.constexpr,
 ):
     split = tl.program_id(0)
@@ -110,21 +108,19 @@ def _tree_attention_kernel(
         v = tl.load(v_base + offs_n[:, None] * stride_vs, mask=key_valid[:, None] & d_valid[None, :], other=0.0)
         acc, m_i, l_i = _online_softmax_step(acc, m_i, l_i, q, kt, v, key_valid[None, :], qk_scale, DOT_FP32)
 
-    # Tree: the last program along the split axis reads the T node keys under the ancestor bits.
+    # Tree: the last program along the split axis reads the T node keys, one 32-node word of bits per row
+    # and tile.
     tree_end = tl.where(split == tl.num_programs(0) - 1, T, 0)
-    for start in range(0, tree_end, BLOCK_N):
-        offs_j = start + tl.arange(0, BLOCK_N)
+    bits_rows = bits_ptr + b * stride_bb + t * stride_bt
+    for start in range(0, tree_end, WORD_BITS):
+        offs_j = start + tl.arange(0, WORD_BITS)
         node_valid = offs_j < T
         offs_n = prefix + offs_j
         kt = tl.load(k_base + offs_n[None, :] * stride_ks, mask=d_valid[:, None] & node_valid[None, :], other=0.0)
         v = tl.load(v_base + offs_n[:, None] * stride_vs, mask=node_valid[:, None] & d_valid[None, :], other=0.0)
-        # Padding rows read all-ones words, so they see every node and never produce NaN.
-        words = tl.load(
-            bits_ptr + b * stride_bb + t[:, None] * stride_bt + (offs_j // 32)[None, :] * stride_bw,
-            mask=row_valid[:, None] & node_valid[None, :],
-            other=-1,
-        )
-        allowed = (((words >> (offs_j % 32)[None, :]) & 1) != 0) & node_valid[None, :]
+        # Padding rows read an all-ones word, so they see every node and never produce NaN.
+        word = tl.load(bits_rows + (start // WORD_BITS) * stride_bw, mask=row_valid, other=-1)  # [BLOCK_M]
+        allowed = (((word[:, None] >> tl.arange(0, WORD_BITS)[None, :]) & 1) != 0) & node_valid[None, :]
         acc, m_i, l_i = _online_softmax_step(acc, m_i, l_i, q, kt, v, allowed, qk_scale, DOT_FP32)
 
     o = acc / l_i[:, None]
@@ -134,8 +130,8 @@ def _tree_attention_kernel(
         tl.store(part_o_ptr + part_row[:, None] * D + offs_d[None, :], o, mask=store_mask)
         tl.store(part_lse_ptr + part_row, m_i + tl.math.log2(l_i), mask=row_valid)
     else:
-        out_ptrs = out_ptr + b * stride_ob + head[:, None] * stride_oh + t[:, None] * stride_ot + offs_d[None, :] * stride_od
-        tl.store(out_ptrs, o.to(out_ptr.dtype.element_ty), mask=store_mask)
+        out_ptrs = out_ptr + b * stride_ob + head[:, None] * stride_oh + t[:, None] * stride_ot
+        tl.store(out_ptrs + offs_d[None, :] * stride_od, o.to(out_ptr.dtype.element_ty), mask=store_mask)
 
 
 @triton.jit
@@ -202,7 +198,7 @@ def tree_attention(
     if out is None:
         out = torch.empty_like(q)
 
-    block_m = min(MAX_BLOCK_M, max(16, triton.next_power_of_2(groups * nodes)))
+    block_m, block_n, num_warps = _tiles(q.dtype, groups * nodes)
     block_d = max(16, triton.next_power_of_2(head_dim))
     m_blocks = triton.cdiv(groups * nodes, block_m)
     if kv_splits is None:
@@ -210,7 +206,7 @@ def tree_attention(
     if kv_splits < 1:
         raise ValueError(f"kv_splits must be >= 1, got {kv_splits}")
     split = kv_splits > 1 and prefix > 0
-    chunk = triton.cdiv(triton.cdiv(prefix, kv_splits), BLOCK_N) * BLOCK_N if split else prefix
+    chunk = triton.cdiv(triton.cdiv(prefix, kv_splits), block_n) * block_n if split else prefix
     num_programs_split = triton.cdiv(prefix, chunk) + 1 if split else 1
 
     if split:
@@ -218,14 +214,14 @@ def tree_attention(
         part_lse = torch.empty(num_programs_split, batch * q_heads, nodes, dtype=torch.float32, device=q.device)
     else:
         part_o = part_lse = out  # unused by the kernel when SPLIT is off
-    launch = {} if INTERPRETED else {"num_warps": 8 if block_m >= 128 else 4, "num_stages": 3}
+    launch = {} if INTERPRETED else {"num_warps": num_warps, "num_stages": 3}
     _tree_attention_kernel[(num_programs_split, batch * kv_heads, m_blocks)](
         q, k, v, bits.words, out, part_o, part_lse,
         *q.stride(), *k.stride(), *v.stride(), *bits.words.stride(), *out.stride(),
         nodes, seq, head_dim, chunk,
         scale * math.log2(math.e),
         HKV=kv_heads, G=groups,
-        BLOCK_M=block_m, BLOCK_N=BLOCK_N, BLOCK_D=block_d,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, WORD_BITS=WORD_BITS,
         SPLIT=split, DOT_FP32=INTERPRETED and q.dtype == torch.bfloat16,
         **launch,
     )
@@ -238,6 +234,18 @@ def tree_attention(
             HQ=q_heads, BLOCK_T=block_t, BLOCK_D=block_d,
         )
     return out
+
+
+def _tiles(dtype: torch.dtype, rows: int) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps) that compile without register spills for sm_90 at D = 128 (ptxas -v).
+
+    16-bit tiles run on wgmma; fp32 runs exact (ieee) FMA dots, which only fit in registers as small tiles.
+    The interpreter has no registers but pays per program and tile, so it always takes the large tiles.
+    """
+    if dtype == torch.float32 and not INTERPRETED:
+        return 16, 32, 8
+    block_m = min(128, max(16, triton.next_power_of_2(rows)))
+    return block_m, 64, 8 if block_m >= 64 else 4
 
 
 def _auto_kv_splits(device: torch.device, programs: int, prefix: int) -> int:

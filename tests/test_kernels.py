@@ -13,12 +13,15 @@ import itertools  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+import transformers  # noqa: E402
+from transformers import DynamicCache, StaticCache  # noqa: E402
 
 pytest.importorskip("triton", reason="graft_lab.kernels needs triton (pip install 'graft-lab[kernels]')")
 
 from graft_lab.kernels import (  # noqa: E402
     ATTENTION_NAME,
     TreeMaskBits,
+    graft_tree_attention,
     pack_tree_mask,
     register_tree_attention,
     tree_attention,
@@ -130,11 +133,13 @@ def test_any_node_order_and_forests():
 
 
 def test_strided_views_and_packed_mask():
-    """The HF path passes transposed views for q and out, and may pre-pack the mask once per step."""
+    """HF passes transposed q/out views and cache views of a longer buffer; the mask may come pre-packed."""
     (q, k, v), mask = random_problem(1, 2, 2, 40, 50, 32, torch.bfloat16, seed=11)
     q_strided = q.transpose(1, 2).contiguous().transpose(1, 2)
+    k_buffer, v_buffer = (torch.zeros(1, 2, 128, 32, dtype=q.dtype, device=DEVICE) for _ in range(2))
+    k_buffer[:, :, :90], v_buffer[:, :, :90] = k, v
     out = torch.full((1, 40, 4, 32), float("nan"), dtype=q.dtype, device=DEVICE)
-    tree_attention(q_strided, k[:, :, :, :], v, pack_tree_mask(mask), out=out.transpose(1, 2))
+    tree_attention(q_strided, k_buffer[:, :, :90], v_buffer[:, :, :90], pack_tree_mask(mask), out=out.transpose(1, 2))
     assert_close_to_reference(out.transpose(1, 2), q, k, v, mask)
 
 
@@ -190,8 +195,6 @@ TREE_PARENTS = [-1, 0, 0, 1, 1, 2, 3, 3, 5, 6, 6, 8]
 
 
 def tiny_model(family: str):
-    import transformers
-
     config_cls, model_cls = {
         "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
         "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
@@ -217,18 +220,17 @@ def additive_mask(tree_mask: torch.Tensor, prefix_len: int, dtype: torch.dtype) 
 
 
 def test_register_is_idempotent():
-    import transformers
-
     assert register_tree_attention() == register_tree_attention() == ATTENTION_NAME == "graft_tree"
     assert ATTENTION_NAME in transformers.AttentionInterface._global_mapping
     assert ATTENTION_NAME in transformers.masking_utils.ALL_MASK_ATTENTION_FUNCTIONS
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
+@pytest.mark.parametrize(
+    "family,packed", [("llama", False), ("llama", True), ("qwen2", False), ("qwen3", False)]
+)
 @torch.no_grad()
-def test_hf_tree_forward_matches_sdpa(family):
-    from transformers import DynamicCache
-
+def test_hf_tree_forward_matches_sdpa(family, packed):
+    """A tree forward on a prefilled cache through graft_tree equals SDPA with the equivalent float mask."""
     name = register_tree_attention()
     prompt = torch.randint(0, TINY["vocab_size"], (1, 23), generator=torch.Generator().manual_seed(0)).to(DEVICE)
     tokens, positions, tree_mask = tree_inputs(prompt.shape[1])
@@ -247,7 +249,10 @@ def test_hf_tree_forward_matches_sdpa(family):
     assert model.config._attn_implementation == name
     cache = DynamicCache(config=model.config)
     prefill = model(input_ids=prompt, cache=cache).logits
-    tree = model(input_ids=tokens, position_ids=positions, attention_mask=None, cache=cache, tree_mask=tree_mask).logits
+    kernel_mask = pack_tree_mask(tree_mask) if packed else tree_mask
+    tree = model(
+        input_ids=tokens, position_ids=positions, attention_mask=None, cache=cache, tree_mask=kernel_mask
+    ).logits
 
     torch.testing.assert_close(prefill, sdpa_prefill, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(tree, sdpa_tree, atol=1e-4, rtol=1e-4)
@@ -257,7 +262,6 @@ def test_hf_tree_forward_matches_sdpa(family):
 @torch.no_grad()
 def test_hf_without_tree_mask_is_causal_sdpa(cache_kind):
     """Prefill then a causal 4-token chunk on the cache: graft_tree must equal sdpa, static buffer included."""
-    from transformers import DynamicCache, StaticCache
 
     def run(model):
         cache = (
@@ -274,3 +278,44 @@ def test_hf_without_tree_mask_is_causal_sdpa(cache_kind):
     model.set_attn_implementation(register_tree_attention())
     for got, want in zip(run(model), expected):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"dropout": 0.1}, "dropout"),
+        ({"sliding_window": 16}, "sliding-window"),
+        ({"groups": 3}, "num_key_value_groups"),
+    ],
+)
+def test_hf_attention_rejects_unsupported_tree_calls(kwargs, match):
+    (q, k, v), mask = random_problem(1, 2, 2, 5, 3, 16, torch.float32, seed=0)
+    module = torch.nn.Module()
+    module.num_key_value_groups = kwargs.pop("groups", 2)
+    with pytest.raises(ValueError, match=match):
+        graft_tree_attention(module, q, k, v, None, tree_mask=mask, **kwargs)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+@torch.inference_mode()
+def test_engine_verify_matches_sdpa_across_a_commit(arch):
+    """Through the engine's Target and TreeKVCache (views of a longer buffer, compacted in place)."""
+    from graft_lab.tree import DraftTree
+    from tiny import VOCAB, tiny_target
+
+    parents = torch.tensor(TREE_PARENTS)
+    depth = ancestor_mask(TREE_PARENTS).sum(-1) - 1
+    tokens = torch.randint(3, VOCAB, (len(TREE_PARENTS),), generator=torch.Generator().manual_seed(4))
+    tree = DraftTree(tokens, parents, depth, torch.zeros(len(parents)), torch.zeros(len(parents), dtype=torch.int8))
+    prompt = torch.randint(3, VOCAB, (30,), generator=torch.Generator().manual_seed(5))
+    logits = {}
+    for attn in ("sdpa", "triton"):
+        target = tiny_target(arch)
+        target.use_attention(attn)
+        cache = target.new_cache(128)
+        target.prefill(prompt, cache, want_aux=False)
+        first = target.verify(tree, cache, want_aux=True)
+        target.commit(cache, prompt.numel(), torch.tensor([0, 1, 3, 7]))
+        logits[attn] = (first.logits, first.aux, target.verify(tree, cache, want_aux=False).logits)
+    for got, want in zip(logits["triton"], logits["sdpa"]):
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)

@@ -3,8 +3,11 @@ speculative decoding needs (prefill, tree verification) over a `TreeKVCache`."""
 
 from __future__ import annotations
 
+import os
+import socket
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlparse
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
@@ -47,6 +50,19 @@ def resolve_source(path: str) -> tuple[str, bool]:
     return path, False
 
 
+def hub_reachable(timeout: float = 3.0) -> bool:
+    """Whether the Hugging Face hub answers; checked once up front so offline runs fail at once
+    instead of after transformers' retries."""
+    if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes"):
+        return False
+    host = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname or "huggingface.co"
+    try:
+        socket.create_connection((host, 443), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
 def load_model(
     path: str, dtype: str = "float32", device: str = "cpu", device_map: str | None = None
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
@@ -56,11 +72,11 @@ def load_model(
     if path.startswith(RANDOM):
         return load_random(path, DTYPES[dtype], device)
     source, local = resolve_source(path)
-    kwargs = {"dtype": DTYPES[dtype]}
+    kwargs = {"dtype": DTYPES[dtype], "local_files_only": local or not hub_reachable()}
     if device_map:
         kwargs["device_map"] = device_map
     try:
-        tokenizer = AutoTokenizer.from_pretrained(source)
+        tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=kwargs["local_files_only"])
         model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
     except OSError as exc:
         if local:
@@ -79,10 +95,12 @@ def load_model(
 class Target:
     """A causal LM plus the aux-layer choice; stateless apart from the cache passed in."""
 
-    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, aux_layers=None):
+    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, aux_layers=None,
+                 max_context: int | None = None):
         self.model = model
         self.tokenizer = tokenizer
         self.config = model.config
+        self.max_context = min(max_context or self.config.max_position_embeddings, self.config.max_position_embeddings)
         layers = self.config.num_hidden_layers
         self.aux_layers = tuple(aux_layers) if aux_layers else default_aux_layers(layers)
         if any(not 0 <= i <= layers for i in self.aux_layers):
@@ -134,7 +152,9 @@ class Target:
         kwargs = {}
         if tree_mask is not None:
             if self.attn == "triton":
-                kwargs["tree_mask"] = tree_mask[None]  # [1, T, T]: the kernel reads bits, not a float mask
+                from graft_lab.kernels import pack_tree_mask
+
+                kwargs["tree_mask"] = pack_tree_mask(tree_mask[None])  # [1, T, words]: bits, packed once per step
             else:
                 kwargs["attention_mask"] = self.tree_attention_mask(tree_mask, cache.length)
         out = self.model(
