@@ -319,3 +319,30 @@ def test_engine_verify_matches_sdpa_across_a_commit(arch):
         logits[attn] = (first.logits, first.aux, target.verify(tree, cache, want_aux=False).logits)
     for got, want in zip(logits["triton"], logits["sdpa"]):
         torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_decode_through_triton_accepts_what_sdpa_accepts(arch):
+    """Whole speculative steps through the Triton path give the same accepted tokens as the sdpa path."""
+    import random
+
+    from graft_lab.decode import Method, StopRule, generate
+    from graft_lab.drafters.eagle3 import Eagle3Drafter
+    from graft_lab.graft import graft_root
+    from graft_lab.pruners import NoPruner
+    from graft_lab.retrievers import NoRetriever
+    from graft_lab.verify import SamplingParams
+    from tiny import hf_greedy, tiny_eagle3, tiny_target
+
+    rng = random.Random(5)
+    prompt = torch.tensor([rng.randrange(3, 96) for _ in range(9)])
+    runs = {}
+    for attn in ("sdpa", "triton"):
+        target = tiny_target(arch, seed=2)
+        target.use_attention(attn)
+        drafter = Eagle3Drafter(tiny_eagle3(target, seed=1), target.model.get_input_embeddings(), depth=4, top_k=3)
+        runs[attn] = generate(target, Method(drafter, NoPruner(), NoRetriever(), graft_root, 12), prompt,
+                              SamplingParams(), StopRule(max_new_tokens=16))
+    assert runs["triton"].tokens == runs["sdpa"].tokens == hf_greedy(tiny_target(arch, seed=2).model, prompt, 16)
+    assert [s.accept_length for s in runs["triton"].steps] == [s.accept_length for s in runs["sdpa"].steps]
