@@ -90,7 +90,6 @@ def bench(prefixes: list[int], node_counts: list[int], repeats: int) -> None:
                 f"{prefix:>7} {nodes:>4} {sdpa_ms * 1e3:>9.1f} {tree_ms * 1e3:>9.1f} "
                 f"{sdpa_ms / tree_ms:>7.2f}x {gbps:>7.0f}  {shares}  {diff:>9.2e}"
             )
-            del q, k, v, float_mask
     print("speedup = sdpa / tree; GB/s counts K and V read once; peaks: "
           + ", ".join(f"{name} {tbps} TB/s" for name, tbps in PEAK_TBPS.items()))
 

@@ -10,7 +10,7 @@ import torch
 from omegaconf import OmegaConf
 
 from graft_lab.errors import ConfigError
-from graft_lab.graft import GRAFTS, graft_match, graft_root, graft_tail, keep_best
+from graft_lab.graft import GRAFTS, graft_match, graft_root, graft_tail
 from graft_lab.retrievers import RETRIEVERS
 from graft_lab.retrievers.base import Fragment
 from graft_lab.retrievers.ngram import NgramOptions, NgramRetriever
@@ -153,16 +153,6 @@ def test_match_with_ngram_attaches_where_the_path_matches_the_context():
     node21 = int((out.tokens == 21).nonzero()[0])
     assert out.tokens[out.parents == node21].tolist() == [22]
     assert 40 in out.tokens.tolist()  # no match under 40: it keeps no continuation, but stays
-
-
-# ---- ranking helper --------------------------------------------------------------------------------
-@pytest.mark.parametrize("seed", range(10))
-def test_keep_best_by_score_is_cut(seed):
-    rng = random.Random(100 + seed)
-    tree = random_tree(rng, rng.randint(1, 90), rng.choice([3, 30]), Source.DRAFT)
-    for budget in (1, 2, 7, 40):
-        a, b = keep_best(tree, tree.score, budget), tree.cut(budget)
-        assert torch.equal(a.tokens, b.tokens) and torch.equal(a.parents, b.parents)
 
 
 def test_graft_configs_validate():

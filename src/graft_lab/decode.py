@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .drafters.base import DraftInput, Drafter
+from .errors import ContextLimitError
 from .graft import Graft
 from .metrics import PhaseTimer, StepRecord
 from .models.target import Target
@@ -64,7 +65,9 @@ def generate(
     decode_text=None,
 ) -> Generation:
     """Generate from `prompt` ([S] ids) until a stop rule fires. `decode_text(ids) -> str` enables stop strings."""
-    limit = min(prompt.numel() + stop.max_new_tokens + method.budget, target.config.max_position_embeddings)
+    if prompt.numel() + 1 > target.max_context:
+        raise ContextLimitError(f"the prompt has {prompt.numel()} tokens; the target's context is {target.max_context}")
+    limit = min(prompt.numel() + stop.max_new_tokens + method.budget, target.max_context)
     cache = target.new_cache(limit)  # KV: [B, H, limit, D] per layer, compacted in place each step
     method.drafter.reset(limit)
     timer = PhaseTimer(target.device)
@@ -82,7 +85,7 @@ def generate(
         with timer.phase("draft"):
             draft = method.drafter.draft(pairs, method.budget, method.pruner)
         with timer.phase("retrieve"):
-            retrieved = method.retriever.retrieve(method.budget - draft.size + 1)
+            retrieved = method.retriever.retrieve(method.budget)  # over-retrieve: grafting folds duplicates, then cuts to K
         with timer.phase("graft"):
             tree = method.graft(draft, retrieved, method.budget)  # DraftTree, at most K nodes
         with timer.phase("verify"):

@@ -15,3 +15,7 @@ class ModelLoadError(GraftLabError):
 
 class DrafterMismatchError(GraftLabError):
     """The drafter was trained for another target (hidden size or vocabulary differ)."""
+
+
+class ContextLimitError(GraftLabError):
+    """A prompt does not fit the target's context."""

@@ -28,41 +28,20 @@ Graft = Callable[[DraftTree, DraftTree, int], DraftTree]
 GRAFTS: Registry[Graft] = Registry("graft")
 
 
-def hang(tree: DraftTree, fragment: DraftTree, under: int) -> DraftTree:
-    """Hang `fragment`'s non-root nodes under node `under` of `tree`; duplicate children fold."""
-    if fragment.size <= 1:
+def attach(tree: DraftTree, *fragments: Fragment) -> DraftTree:
+    """Hang fragments under their anchors in one fold pass; a node's score becomes its anchor's score
+    plus its own estimate. Folding keeps earlier nodes, so `tree`'s nodes keep their indices."""
+    frags = [f for f in fragments if f.size]
+    if not frags:
         return tree
-    local_parents = fragment.parents[1:] - 1  # -1 now means "under `under`"
-    return tree.add_subtree(
-        under=torch.full_like(local_parents, under),
-        tokens=fragment.tokens[1:],
-        parents=local_parents,
-        score=fragment.score[1:],
-        source=Source.RETRIEVED,
-    )
-
-
-def attach(tree: DraftTree, frag: Fragment) -> DraftTree:
-    """Hang continuations under their anchors; a node's score becomes its anchor's score plus its own."""
-    if frag.size == 0:
-        return tree
-    return tree.add_subtree(frag.under, frag.tokens, frag.parents, tree.score[frag.under] + frag.score, Source.RETRIEVED)
-
-
-def keep_best(tree: DraftTree, rank: torch.Tensor, budget: int) -> DraftTree:
-    """`DraftTree.cut` by an explicit rank ([N], higher first): a node ranks by the minimum on its path,
-    found by pointer doubling (log2 depth steps, for long retrieved chains); ties go shallow, then early."""
-    if tree.size <= budget:
-        return tree
-    path_min = rank.clone()
-    path_min[0] = math.inf
-    anc = tree.parents.clamp(min=0)
-    for _ in range(max(1, tree.max_depth).bit_length()):
-        path_min = torch.minimum(path_min, path_min[anc])
-        anc = anc[anc]
-    order = torch.sort(tree.depth, stable=True).indices
-    order = order[torch.sort(-path_min[order], stable=True).indices]
-    return tree.select(torch.sort(order[:budget]).values)
+    offsets = [0]
+    for f in frags[:-1]:
+        offsets.append(offsets[-1] + f.size)
+    under = torch.cat([f.under for f in frags]).to(tree.device)
+    parents = torch.cat([torch.where(f.parents < 0, f.parents, f.parents + o) for f, o in zip(frags, offsets)]).to(tree.device)
+    tokens = torch.cat([f.tokens for f in frags]).to(tree.device)
+    score = tree.score[under] + torch.cat([f.score for f in frags]).to(tree.device)
+    return tree.add_subtree(under, tokens, parents, score, Source.RETRIEVED)
 
 
 def fill(merged: DraftTree, kept: int, budget: int) -> DraftTree:
@@ -70,12 +49,12 @@ def fill(merged: DraftTree, kept: int, budget: int) -> DraftTree:
     best of the others by score, up to `budget` nodes."""
     rank = merged.score.clone()
     rank[:kept] = math.inf
-    return keep_best(merged, rank, budget)
+    return merged.cut(budget, rank)
 
 
 def graft_root(draft: DraftTree, retrieved: DraftTree, budget: int) -> DraftTree:
     """The paper's mode: the whole retained draft, then the best retrieved nodes in the free slots."""
-    return fill(hang(draft, retrieved, 0), draft.size, budget)
+    return fill(attach(draft, Fragment.below_root(retrieved)), draft.size, budget)
 
 
 def graft_tail(draft: DraftTree, retrieved: DraftTree, budget: int, retriever: Retriever, max_len: int) -> DraftTree:
@@ -92,8 +71,9 @@ def graft_tail(draft: DraftTree, retrieved: DraftTree, budget: int, retriever: R
 def graft_match(draft: DraftTree, retrieved: DraftTree, budget: int, retriever: Retriever, max_len: int) -> DraftTree:
     """Continuations under every draft node with a context match, then root retrieval; one score ranks all."""
     nodes = torch.arange(1, draft.size, device=draft.device)
-    merged = hang(attach(draft, retriever.continuations(draft, nodes, min(max_len, budget - 1))), retrieved, 0)
-    return keep_best(merged, merged.score, budget)
+    continued = retriever.continuations(draft, nodes, min(max_len, budget - 1))
+    merged = attach(draft, continued, Fragment.below_root(retrieved))
+    return merged.cut(budget)
 
 
 @dataclass

@@ -30,7 +30,7 @@ from .verify import SamplingParams
 def build_target(run: RunConfig) -> Target:
     m = run.model
     model, tokenizer = load_model(m.path, dtype=m.dtype, device=m.device, device_map=m.device_map)
-    target = Target(model, tokenizer)
+    target = Target(model, tokenizer, max_context=m.max_context)
     attn = run.verify.attn
     if attn == "auto":
         attn = "triton" if target.device.type == "cuda" else "sdpa"
@@ -41,11 +41,12 @@ def build_target(run: RunConfig) -> Target:
 def build_method(target: Target, run: RunConfig, nodes: dict[str, Any]) -> Method:
     if run.tree.top_k > target.vocab_size:
         raise ConfigError(f"tree.top_k ({run.tree.top_k}) is larger than the vocabulary ({target.vocab_size})")
+    retriever = RETRIEVERS.build(nodes["retriever"], vocab_size=target.vocab_size, device=target.device)
     return Method(
         drafter=DRAFTERS.build(nodes["drafter"], target=target),
         pruner=PRUNERS.build(nodes["pruner"]),
-        retriever=RETRIEVERS.build(nodes["retriever"], vocab_size=target.vocab_size, device=target.device),
-        graft=GRAFTS.build(nodes["graft"]),
+        retriever=retriever,
+        graft=GRAFTS.build(nodes["graft"], retriever=retriever),  # tail / match query the retriever
         budget=run.tree.total_tokens,
     )
 

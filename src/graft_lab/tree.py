@@ -127,23 +127,24 @@ class DraftTree:
         folded = DraftTree(self.tokens, parents, self.depth, score, self.source)
         return folded.select(keep) if keep.numel() < self.size else folded
 
-    def cut(self, budget: int) -> "DraftTree":
-        """Keep the best `budget` nodes by score, ancestor-closed. A node's rank score is the minimum
-        score on its path, so no child outranks its parent; ties go to the shallower, earlier node."""
+    def cut(self, budget: int, rank: torch.Tensor | None = None) -> "DraftTree":
+        """Keep the best `budget` nodes, ancestor-closed. A node ranks by the minimum `rank` (default: its
+        score) on its path, so no child outranks its parent; ties go to the shallower, earlier node. The
+        path minimum uses pointer doubling: log2(depth) vectorised steps, fine for long retrieved chains."""
         if budget < 1:
             raise ValueError(f"tree budget must be >= 1, got {budget}")
         if self.size <= budget:
             return self
-        path_min = self.score.clone()
+        path_min = (self.score if rank is None else rank).clone().float()
         path_min[0] = float("inf")
-        for _ in range(self.max_depth):
-            path_min = torch.minimum(path_min, path_min[self.parents.clamp(min=0)])
-        path_min[0] = float("inf")
+        anc = self.parents.clamp(min=0)
+        for _ in range(max(1, self.max_depth).bit_length()):
+            path_min = torch.minimum(path_min, path_min[anc])
+            anc = anc[anc]
         # lexicographic order: path_min desc, depth asc, index asc (sort is stable)
         order = torch.sort(self.depth, stable=True).indices
         order = order[torch.sort(-path_min[order], stable=True).indices]
-        keep = torch.sort(order[:budget]).values
-        return self.select(keep)
+        return self.select(torch.sort(order[:budget]).values)
 
     # ---- what verification needs --------------------------------------------------------------
     def ancestor_mask(self) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""Seeded tiny random targets, built offline from a path like `random:llama?seed=0&hidden=64&layers=2`.
+"""Seeded tiny random targets, built offline from a path like `random:llama?seed=0&hidden=64&layers=4`.
 
 They exist so that the whole pipeline (chat template, decode loop, results table, sweeps) can be tested
 in seconds: the embedded SmolLM2 tokenizer supplies the vocabulary and chat template, the weights are
@@ -25,7 +25,7 @@ class RandomSpec:
     seed: int = 0
     vocab: int | None = None  # default: the tokenizer's size
     hidden: int = 64
-    layers: int = 2
+    layers: int = 4  # >= 4: the default EAGLE-3 aux layers (2, L//2, L-3) must exist
     heads: int = 4
     kv_heads: int = 2
     ctx: int = 4096  # max_position_embeddings

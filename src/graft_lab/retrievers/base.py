@@ -33,6 +33,12 @@ class Fragment:
         z = torch.zeros(0, dtype=torch.long, device=device)
         return Fragment(z, z, z, z, torch.zeros(0, device=device))
 
+    @staticmethod
+    def below_root(tree: DraftTree) -> "Fragment":
+        """A tree's non-root nodes, anchored at node 0 (the inverse of `Fragment.tree`)."""
+        parents = tree.parents[1:] - 1  # the root (0) becomes the anchor (-1)
+        return Fragment(torch.zeros_like(parents), tree.tokens[1:], parents, tree.depth[1:], tree.score[1:])
+
     @property
     def size(self) -> int:
         return int(self.tokens.shape[0])

@@ -51,6 +51,7 @@ class Template:
     levels: list[tuple[torch.Tensor, torch.Tensor]]  # per depth: parent within previous depth [w], rank [w]
     parents: torch.Tensor  # [T] int64
     depth: torch.Tensor  # [T] int64
+    source: torch.Tensor  # [T] int8: the root, then retrieved nodes
 
     @staticmethod
     def rank_path(widths: list[int], k: int, device: torch.device) -> "Template":
@@ -65,7 +66,9 @@ class Template:
             depth += [d] * w
             offset += len(cost)
             cost = [s[0] for s in slots]
-        return Template(levels, as_long(parents), as_long(depth))
+        source = torch.full((len(parents),), int(Source.RETRIEVED), dtype=torch.int8, device=device)
+        source[0] = int(Source.ROOT)
+        return Template(levels, as_long(parents), as_long(depth), source)
 
 
 def adjacency(prev: torch.Tensor, nxt: torch.Tensor, count: torch.Tensor, vocab: int, k: int):
@@ -169,9 +172,7 @@ class RecycleRetriever:
             tok, score = self.ids.view(-1)[flat], score[par] + self.logp.view(-1)[flat]
             tokens.append(tok)
             scores.append(score)
-        source = torch.full((self.template.parents.numel(),), int(Source.RETRIEVED), dtype=torch.int8, device=self.device)
-        source[0] = int(Source.ROOT)
-        tree = DraftTree(torch.cat(tokens), self.template.parents, self.template.depth, torch.cat(scores), source)
+        tree = DraftTree(torch.cat(tokens), self.template.parents, self.template.depth, torch.cat(scores), self.template.source)
         return tree.cut(budget)
 
     def continuations(self, tree: DraftTree, nodes: torch.Tensor, max_len: int) -> Fragment:
