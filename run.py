@@ -1,7 +1,9 @@
 """Entry point: `python run.py model=... drafter=... pruner=... retriever=... graft=... tree.total_tokens=...`.
 
-Composes the Hydra config under conf/, validates it before any model loads, decodes the dataset with
-the chosen method and the interleaved AR baseline, and writes answers.jsonl and summary.json.
+Composes the Hydra config under conf/, validates it before any model loads, skips it when the results
+table already has a complete run with the same config hash (force=true reruns), decodes the dataset with
+the chosen method and the interleaved AR baseline, writes answers.jsonl and summary.json, adds the run's
+row to <results_dir>/runs.parquet and runs.csv, and logs it (logger=wandb). Sweep with -m.
 """
 
 from __future__ import annotations
@@ -13,25 +15,29 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from graft_lab.config import validate
+from graft_lab.cli import fail, main_with_clean_errors, message_of
 from graft_lab.errors import GraftLabError
-from graft_lab.provenance import metadata
+from graft_lab.experiment import run_experiment
 from graft_lab.report import print_summary
-from graft_lab.runner import run
+
+EXIT_INTERRUPTED = 130
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> None:
     try:
-        run_cfg, _ = validate(cfg)
-        out_dir = Path(run_cfg.output_dir or HydraConfig.get().runtime.output_dir)
-        nodes = {g: cfg[g] for g in ("drafter", "pruner", "retriever", "graft", "dataset")}
-        summary = run(run_cfg, nodes, out_dir, metadata(cfg))
+        outcome = run_experiment(cfg, Path(HydraConfig.get().runtime.output_dir))
     except GraftLabError as exc:
-        print(f"graft-lab: error: {exc}", file=sys.stderr)
-        sys.exit(2)
-    print_summary(summary, out_dir)
+        fail(message_of(exc))
+    if outcome.summary is None:
+        print(f"graft-lab: skipped: a complete run with this config hash is in {outcome.out_dir} (force=true reruns it)")
+        return
+    print_summary(outcome.summary, outcome.out_dir)
+    if outcome.logged_to:
+        print(f"  logged to {outcome.logged_to}")
+    if not outcome.summary["complete"]:
+        sys.exit(EXIT_INTERRUPTED)  # stop a sweep too: Ctrl-C means stop, not "next point"
 
 
 if __name__ == "__main__":
-    main()
+    main_with_clean_errors(main)

@@ -1,5 +1,5 @@
-"""run.py's error contract: any config that cannot be used ends with exit code 2 and one line on stderr,
-whether Hydra rejects it while composing or graft-lab's validation does."""
+"""run.py's error contract: a config that cannot be used ends with exit code 2 and one line on stderr,
+whether Hydra rejects it while composing or graft-lab's validation does; missing weights get a line each."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ from collections.abc import Callable
 from typing import NoReturn
 
 from hydra.errors import HydraException
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
+
+from .errors import ConfigError, GraftLabError
 
 EXIT_BAD_INPUT = 2
 
@@ -19,10 +21,18 @@ def fail(message: str) -> NoReturn:
     sys.exit(EXIT_BAD_INPUT)
 
 
-def one_line(exc: BaseException) -> str:
+def message_of(exc: GraftLabError) -> str:
+    """A ConfigError's first line (OmegaConf appends full_key/object_type lines); other errors whole."""
     text = str(exc)
-    if isinstance(exc.__cause__, OmegaConfBaseException):
-        text += "\n" + str(exc.__cause__).split("\n")[0]
+    return text.splitlines()[0] if isinstance(exc, ConfigError) and text else text
+
+
+def one_line(exc: Exception) -> str:
+    """Hydra's composition errors, without the advice to append keys or the config search path."""
+    cause = exc.__cause__
+    if isinstance(cause, (ConfigKeyError, ConfigAttributeError)) and getattr(cause, "full_key", None):
+        return f"unknown config key '{cause.full_key}' ({str(cause).splitlines()[0]})"
+    text = str(exc).split("Config search path")[0]
     return " ".join(part.strip() for part in text.splitlines() if part.strip())
 
 

@@ -31,10 +31,10 @@ def run_experiment(cfg: DictConfig, default_out_dir: Path) -> Outcome:
     meta = metadata(cfg)
     table = ResultsTable(Path(run_cfg.results_dir))
     if not run_cfg.force and (done := table.complete_run(meta["config_hash"])):
-        return Outcome(Path(done), None)
+        return Outcome(table.root / done, None)
     preflight(run_cfg, OmegaConf.to_container(cfg.drafter, resolve=True))
     out_dir = Path(run_cfg.output_dir or default_out_dir)
     summary = run(run_cfg, {g: cfg[g] for g in DECODE_GROUPS}, out_dir, meta)
-    table.upsert(row_of(summary, out_dir))
+    table.upsert(row_of(summary, out_dir, table.root))
     logged_to = LOGGERS.build(cfg.logger).log_run(summary, out_dir)
     return Outcome(out_dir, summary, logged_to)

@@ -12,14 +12,11 @@ import argparse
 import json
 from pathlib import Path
 
-import matplotlib
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-
-from .results import ResultsTable  # noqa: E402
+from .results import ResultsTable
 
 
 def load_runs(results_dir: str | Path, complete_only: bool = True) -> pd.DataFrame:
@@ -37,7 +34,7 @@ def colours(methods) -> dict[str, tuple]:
 
 def frontier(x: np.ndarray, y: np.ndarray, x_lower_is_better: bool) -> np.ndarray:
     """Indices of the points no other point beats on both axes (y higher is better), in x order."""
-    order = np.argsort(x if x_lower_is_better else -x, kind="stable")
+    order = np.lexsort((-y, x if x_lower_is_better else -x))  # by x, the best y first among equal x
     best, keep = -np.inf, []
     for i in order:
         if y[i] > best:
@@ -125,6 +122,7 @@ def main(argv=None) -> None:
     ap.add_argument("--results", default="results", help="the results_dir holding runs.parquet")
     ap.add_argument("--out", help="PNG path (default: <results>/pareto.png)")
     args = ap.parse_args(argv)
+    plt.switch_backend("Agg")  # files only, also where a display exists
     df = load_runs(args.results)
     out = Path(args.out or Path(args.results) / "pareto.png")
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -47,10 +47,13 @@ def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def row_of(summary: dict[str, Any], out_dir: Path) -> dict[str, Any]:
+def row_of(summary: dict[str, Any], out_dir: Path, root: Path) -> dict[str, Any]:
+    """The table row of a finished run; `run_dir` is relative to the table's folder when inside it, so a
+    results folder can be moved or shipped (results/sample) as a whole."""
     config = summary["config"]
-    row = {
-        "run_dir": str(out_dir),
+    rel = os.path.relpath(out_dir.resolve(), root.resolve())
+    return {
+        "run_dir": out_dir.as_posix() if rel.startswith("..") else Path(rel).as_posix(),
         "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "experiment_name": config.get("experiment_name"),
         "method": method_name(config),
@@ -62,15 +65,13 @@ def row_of(summary: dict[str, Any], out_dir: Path) -> dict[str, Any]:
         **{k: json.dumps(summary.get(k)) for k in JSON_FIELDS},
         **flatten(config, "cfg."),
     }
-    return row
 
 
 def arrow_safe(df: pd.DataFrame) -> pd.DataFrame:
     """Columns whose cells mix Python types (a null in one run, a list in another) become text."""
-    for col in df.columns[df.dtypes == object]:
-        kinds = {type(v) for v in df[col] if v is not None and not (isinstance(v, float) and pd.isna(v))}
-        if len(kinds) > 1:
-            df[col] = df[col].map(lambda v: None if v is None or (isinstance(v, float) and pd.isna(v)) else str(v))
+    for col in df.select_dtypes(include="object").columns:
+        if len({type(v) for v in df[col].dropna()}) > 1:
+            df[col] = df[col].map(lambda v: None if pd.isna(v) else str(v))
     return df
 
 

@@ -9,6 +9,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from huggingface_hub import constants, try_to_load_from_cache
 from transformers import AutoConfig, AutoTokenizer, PretrainedConfig
 
 from .drafters.eagle3_checkpoint import BUILTIN, resolve_checkpoint
@@ -17,7 +18,6 @@ from .models.embedded import embedded_dir, gguf_path
 from .models.random_model import PREFIX as RANDOM
 from .models.random_model import random_config, random_tokenizer
 from .models.target import EMBEDDED, resolve_source
-
 
 TARGET, DRAFTER = "target model", "EAGLE-3 drafter"
 
@@ -37,15 +37,11 @@ class Weights:
 
 
 def hub_cached(repo_id: str) -> bool:
-    from huggingface_hub import try_to_load_from_cache
-
     return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
 
 
 def hub_reachable(timeout: float = 3.0) -> bool:
     """One short request to the hub's endpoint; False offline or with HF_HUB_OFFLINE set."""
-    from huggingface_hub import constants
-
     if constants.HF_HUB_OFFLINE:
         return False
     try:
@@ -76,10 +72,11 @@ def check_weights(needed: list[Weights]) -> None:
     problems = [f"  {w.role} ({w.key}={w.path}): {p}" for w in needed if not w.is_hub_id and (p := local_problem(w))]
     remote = [w for w in needed if w.is_hub_id and not hub_cached(w.path)]
     if remote and not hub_reachable():
-        for i, w in enumerate(remote):
+        for w in remote:
+            local = f"models/{w.path.split('/')[-1]}"
             problems.append(
                 f"  {w.role} '{w.path}' is not in the Hugging Face cache and the hub is unreachable: run "
-                f"`hf download {w.path} --local-dir DIR{i}` where you have a network, then add {w.key}=DIR{i}"
+                f"`hf download {w.path} --local-dir {local}` where you have a network, then add {w.key}={local}"
             )
     if problems:
         raise ModelLoadError("missing weights, nothing was loaded:\n" + "\n".join(problems))

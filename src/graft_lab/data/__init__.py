@@ -1,6 +1,6 @@
 """Dataset registry: importing this package registers every dataset."""
 
-from . import sources  # noqa: F401  (registration)
+from . import hub, humaneval, long_context, sharegpt, sources  # noqa: F401  (registration)
 from .base import DATASETS, Question
 
 __all__ = ["DATASETS", "Question"]

@@ -45,7 +45,10 @@ def resolve_checkpoint(path: str) -> Path:
     try:
         from huggingface_hub import snapshot_download
 
-        return Path(snapshot_download(path, allow_patterns=["config.json", "*.safetensors", "*.bin"]))
+        from ..models.target import hub_reachable
+
+        return Path(snapshot_download(path, allow_patterns=["config.json", "*.safetensors", "*.bin"],
+                                      local_files_only=not hub_reachable()))
     except Exception as exc:  # the hub client raises many network/auth error types
         raise ModelLoadError(
             f"could not fetch the EAGLE-3 drafter '{path}' from the Hugging Face hub: {exc}\n"

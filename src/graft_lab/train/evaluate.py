@@ -23,15 +23,18 @@ from ..verify import SamplingParams
 TREES = {"dense": dict(total=60, depth=7, top_k=10), "chain": dict(total=8, depth=7, top_k=1)}
 
 
-def tau_of(target: Target, drafter, prompts, total: int, max_new: int, eos_ids=()) -> dict:
-    """Greedy generation of every prompt; tau = tokens emitted per target verification (bonus included)."""
+def tau_of(target: Target, drafter, prompts, total: int, max_new: int, eos_ids=(), log=None) -> dict:
+    """Greedy generation of every prompt; tau = tokens emitted per target verification (bonus included).
+    `log(i, tokens, steps)` is called after each prompt."""
     method = Method(drafter, NoPruner(), NoRetriever(), graft_root, total)
     emitted = steps = 0
     t0 = time.perf_counter()
-    for p in prompts:
+    for i, p in enumerate(prompts):
         gen = generate(target, method, p.to(target.device), SamplingParams(), StopRule(max_new, tuple(eos_ids)))
         emitted += sum(s.accept_length for s in gen.steps)
         steps += len(gen.steps)
+        if log is not None:
+            log(i, sum(s.accept_length for s in gen.steps), len(gen.steps))
     return {"tau": emitted / max(steps, 1), "steps": steps, "tokens": emitted, "seconds": time.perf_counter() - t0}
 
 
@@ -62,6 +65,7 @@ def main(argv=None) -> None:
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--trees", default="dense,chain")
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--out", help="also write the summary JSON here")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -73,9 +77,15 @@ def main(argv=None) -> None:
         tree = TREES[name]
         target = Target(model, tok)
         drafter = build_eagle3(Eagle3Options(path=args.drafter, depth=tree["depth"], top_k=tree["top_k"]), target)
-        res[name] = tau_of(target, drafter, prompts, tree["total"], args.new_tokens, (tok.eos_token_id,))
+        def log(i, tokens, steps, name=name):
+            print(json.dumps({"tree": name, "question": i, "tokens": tokens, "steps": steps}), flush=True)
+
+        res[name] = tau_of(target, drafter, prompts, tree["total"], args.new_tokens, (tok.eos_token_id,), log)
         print(name, json.dumps(res[name]), flush=True)
     print(json.dumps(res))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(res, f, indent=2)
 
 
 if __name__ == "__main__":

@@ -40,7 +40,8 @@ class TrainConfig:
     clip: float = 0.5
     labels_per_step: int = 2048  # label (assistant) tokens per optimizer step
     max_tokens: int = 5_000_000  # sequence tokens through the target; the lr schedule spans this
-    max_minutes: float = 0.0  # stop (with a checkpoint) after this much wall time in this process; 0: none
+    max_minutes: float = 0.0  # training wall-time budget (summed over resumes, evaluation excluded); 0: none.
+    # The lr schedule runs on progress = max(tokens / max_tokens, wall / max_minutes): it ends with the budget.
     autocast: bool = True  # bf16 autocast for the drafter (AMX on recent Xeons); weights stay fp32
     head_init: str = "rows"  # rows: lm_head = the target's head rows of the draft vocab; target: and its final norm; random
     seed: int = 0
@@ -50,6 +51,7 @@ class TrainConfig:
     eval_trees: tuple[str, ...] = ("dense", "chain")
     eval_new_tokens: int = 64
     min_labels: int = 8  # skip sequences with fewer label tokens
+    prefetch: int = 2  # sequences whose target features a background thread computes ahead; 0: inline
     progress: bool = True
     extra: dict = field(default_factory=dict)
 
@@ -82,11 +84,60 @@ def build_drafter(target: Target, keep: torch.Tensor, head_init: str, seed: int)
     return net.float()
 
 
-def lr_at(cfg: TrainConfig, tokens: int) -> float:
+def progress(cfg: TrainConfig, tokens: int, wall: float) -> float:
+    frac = tokens / max(1, cfg.max_tokens)
+    if cfg.max_minutes:
+        frac = max(frac, wall / (60 * cfg.max_minutes))
+    return min(1.0, frac)
+
+
+def lr_at(cfg: TrainConfig, tokens: int, wall: float = 0.0) -> float:
     if tokens < cfg.warmup_tokens:
         return cfg.lr * max(tokens, 1) / cfg.warmup_tokens
-    frac = min(1.0, (tokens - cfg.warmup_tokens) / max(1, cfg.max_tokens - cfg.warmup_tokens))
+    frac = progress(cfg, tokens, wall)
     return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * frac)))
+
+
+def prefetch(stream, target: Target, keep: torch.Tensor, depth: int):
+    """Compute target features in a background thread, `depth` sequences ahead of the trainer: with one
+    intra-op thread per Python thread, the target prefill and the drafter's training overlap on two cores
+    (ATen releases the GIL) without OpenMP barrier stalls. Yields (index, ids, mask, Features)."""
+    if depth <= 0:
+        for idx, ids, mask in stream:
+            yield idx, ids, mask, target_features(target, ids, keep)
+        return
+    import queue
+    import threading
+
+    q: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def work():
+        try:
+            for idx, ids, mask in stream:
+                if stop.is_set():
+                    return
+                item = (idx, ids, mask, target_features(target, ids, keep))
+                while not stop.is_set():
+                    try:
+                        q.put(item, timeout=0.5)
+                        break
+                    except queue.Full:
+                        continue
+        except BaseException as exc:  # surfaced in the trainer
+            q.put(exc)
+            return
+        q.put(None)
+
+    thread = threading.Thread(target=work, daemon=True)
+    thread.start()
+    try:
+        while (item := q.get()) is not None:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
 
 
 def atomic_save(obj, path: Path) -> None:
@@ -154,6 +205,8 @@ def train(cfg: TrainConfig, target: Target, sequences: Sequences, val=(), eval_p
         net.load_state_dict(ck["model"])
         opt.load_state_dict(ck["opt"])
         state = ck["state"]
+        if cfg.eval_every_tokens:  # the evaluation interval may change on resume
+            state["next_eval"] = min(state["next_eval"], (state["tokens"] // cfg.eval_every_tokens + 1) * cfg.eval_every_tokens)
         torch.set_rng_state(ck["rng"])
         print(f"[train] resumed at step {state['step']}, {state['tokens']} tokens, source index {state['consumed']}", flush=True)
 
@@ -179,30 +232,25 @@ def train(cfg: TrainConfig, target: Target, sequences: Sequences, val=(), eval_p
 
         bar = tqdm(total=cfg.max_tokens, initial=state["tokens"], unit="tok", unit_scale=True, dynamic_ncols=True,
                    mininterval=5)
-    stream = sequences(state["consumed"])
+    stream = prefetch(
+        ((i, ids, m) for i, ids, m in sequences(state["consumed"]) if int(m[2:].sum()) >= cfg.min_labels),
+        target, keep, cfg.prefetch)
     gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + state["step"])
     t_start = time.perf_counter()
     t_last = t_log = t_start
     tok_log = state["tokens"]
     window = [[0.0, 0, 0, 0] for _ in range(cfg.ttt_steps)]
     exhausted = False
-    while state["tokens"] < cfg.max_tokens and not exhausted:
-        if cfg.max_minutes and time.perf_counter() - t_start > cfg.max_minutes * 60:
-            print("[train] time limit reached", flush=True)
-            break
+    while progress(cfg, state["tokens"], state["wall"]) < 1.0 and not exhausted:
         step_tokens = step_labels = 0
         opt.zero_grad(set_to_none=True)
         while step_labels < cfg.labels_per_step:
             try:
-                idx, ids, mask = next(stream)
+                idx, ids, mask, f = next(stream)
             except StopIteration:
                 exhausted = True
                 break
             state["consumed"] = idx + 1
-            n_lab = int(mask[2:].sum())
-            if n_lab < cfg.min_labels:
-                continue
-            f = target_features(target, ids, keep)
             loss, stats = ttt_loss(net, ids, mask, f.aux, f.embeds, f.draft_logits, t2d_index, cfg.ttt_steps,
                                    cfg.labels, cfg.decay, cfg.autocast, cfg.anchor_frac, gen)
             (loss / cfg.labels_per_step).backward()
@@ -213,7 +261,7 @@ def train(cfg: TrainConfig, target: Target, sequences: Sequences, val=(), eval_p
                     a[i] += s[i]
         if step_labels == 0:
             break
-        lr = lr_at(cfg, state["tokens"])
+        lr = lr_at(cfg, state["tokens"], state["wall"])
         for g in opt.param_groups:
             g["lr"] = lr
         gnorm = float(torch.nn.utils.clip_grad_norm_(net.parameters(), cfg.clip))
@@ -250,7 +298,7 @@ def train(cfg: TrainConfig, target: Target, sequences: Sequences, val=(), eval_p
     checkpoint()
     if bar is not None:
         bar.close()
-    if state["tokens"] >= cfg.max_tokens or exhausted:
+    if progress(cfg, state["tokens"], state["wall"]) >= 1.0 or exhausted:
         curve_point(final=True)
         checkpoint()
     return net

@@ -1,0 +1,167 @@
+"""`make bench`: this project's decoding against transformers' own, on the same prompts in one run, greedy.
+
+Rows: transformers `generate` (HF AR, the reference), transformers prompt-lookup decoding, our AR engine,
+EAGLE-3 dense with the shipped drafter (when it exists), and the retrieval / pruning / Graft methods of
+benchmarks/methods.py. Per prompt every method runs back to back, so load drift hits all alike. Every
+output must equal HF AR token for token, and our AR must be at least as fast as HF AR.
+
+    python -m benchmarks                       # quick: 3 MT-Bench prompts, 64 new tokens
+    python -m benchmarks --full                # all 80 first turns, 256 new tokens
+    python -m benchmarks --prompts 10 --max-new-tokens 128 --budget 60 --out results/bench.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from graft_lab.data import DATASETS
+from graft_lab.decode import Method, StopRule
+from graft_lab.drafters import DRAFTERS
+from graft_lab.drafters.eagle3_checkpoint import ASSETS, BUILTIN
+from graft_lab.graft import graft_root
+from graft_lab.models.target import EMBEDDED, Target, load_model
+from graft_lab.pruners import NoPruner
+from graft_lab.retrievers import NoRetriever
+from graft_lab.runner import ar_method, chat_prompt, eos_ids, timed
+from graft_lab.verify import SamplingParams
+
+SHIPPED = "smollm2-135m-instruct-eagle3"
+Decoder = Callable[[torch.Tensor], list[int]]  # prompt ids [S] -> generated ids
+
+
+@dataclass
+class Row:
+    name: str
+    decode: Decoder
+    wall: float = 0.0
+    tokens: int = 0
+    identical: bool = True
+    first_mismatch: int | None = None  # prompt index
+
+
+def hf_decoder(target: Target, max_new: int, eos: tuple[int, ...], **kwargs) -> Decoder:
+    model = target.model
+    pad = target.tokenizer.pad_token_id if target.tokenizer.pad_token_id is not None else eos[0]
+
+    @torch.inference_mode()
+    def decode(prompt: torch.Tensor) -> list[int]:
+        out = model.generate(prompt[None], attention_mask=torch.ones_like(prompt[None]), max_new_tokens=max_new,
+                             do_sample=False, eos_token_id=list(eos), pad_token_id=pad, **kwargs)
+        return out[0, prompt.numel():].tolist()
+
+    return decode
+
+
+def engine_decoder(target: Target, method: Method, stop: StopRule) -> Decoder:
+    return lambda prompt: timed(target, method, prompt, SamplingParams(), stop, None)[0].tokens
+
+
+def graft_methods(target: Target, drafter: str | None, budget: int) -> list[tuple[str, Method]]:
+    """benchmarks/methods.py's table (retrieval alone, dyn_depth, Graft modes) when that module exists."""
+    try:
+        from benchmarks import methods
+    except ImportError:
+        return []
+    from omegaconf import OmegaConf
+
+    conf = Path(__file__).resolve().parent.parent / "conf"
+    pruner, retriever = (OmegaConf.to_container(OmegaConf.load(conf / g / f"{n}.yaml"))
+                         for g, n in (("pruner", "dyn_depth"), ("retriever", "ngram")))
+    specs = [s for s in methods.specs(pruner, retriever) if (drafter or not s.eagle3) and s.name != "eagle3 dense"]
+    return [(f"{s.name} K={budget}", methods.build(s, target, drafter, budget)) for s in specs]
+
+
+def build_rows(target: Target, args, stop: StopRule) -> list[Row]:
+    eos = stop.eos_ids
+    rows = [Row("HF generate (AR)", hf_decoder(target, args.max_new_tokens, eos)),
+            Row("HF prompt lookup", hf_decoder(target, args.max_new_tokens, eos, prompt_lookup_num_tokens=10)),
+            Row("graft-lab AR", engine_decoder(target, ar_method(), stop))]
+    if args.drafter:
+        dense = Method(DRAFTERS.build({"name": "eagle3", "path": args.drafter, "depth": 7, "top_k": 10}, target=target),
+                       NoPruner(), NoRetriever(), graft_root, args.budget)
+        rows.append(Row(f"EAGLE-3 dense K={args.budget}", engine_decoder(target, dense, stop)))
+    rows += [Row(name, engine_decoder(target, m, stop)) for name, m in graft_methods(target, args.drafter, args.budget)]
+    return rows
+
+
+def prompts(target: Target, n: int) -> list[torch.Tensor]:
+    questions = DATASETS.build({"name": "mt_bench", "limit": n, "first_turn_only": True})
+    return [chat_prompt(target, [{"role": "user", "content": q.turns[0]}]) for q in questions]
+
+
+def report(rows: list[Row], n_prompts: int, args) -> str:
+    ref = rows[0]
+    lines = [f"{n_prompts} MT-Bench prompts, {args.max_new_tokens} new tokens, greedy, model {args.model}, "
+             f"drafter {args.drafter or '-'}", "",
+             f"| {'method':<32} | tokens | wall s | tok/s  | vs HF AR | identical to HF AR |",
+             f"|{'-' * 34}|--------|--------|--------|----------|--------------------|"]
+    for r in rows:
+        tps = r.tokens / r.wall if r.wall else 0.0
+        ratio = ref.wall / r.wall if r.wall else 0.0
+        same = "yes" if r.identical else f"NO (prompt {r.first_mismatch})"
+        lines.append(f"| {r.name:<32} | {r.tokens:>6} | {r.wall:>6.2f} | {tps:>6.1f} | {ratio:>7.2f}x | {same:<18} |")
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--prompts", type=int, default=3)
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--full", action="store_true", help="80 prompts, 256 new tokens")
+    ap.add_argument("--budget", type=int, default=60, help="K for the tree methods")
+    ap.add_argument("--model", default=EMBEDDED, help="target (default: the embedded SmolLM2-135M-Instruct)")
+    ap.add_argument("--drafter", default=BUILTIN + SHIPPED if (ASSETS / SHIPPED / "config.json").is_file() else None,
+                    help="EAGLE-3 checkpoint (default: the shipped one, if present)")
+    ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    ap.add_argument("--out", help="also write the table as JSON here")
+    args = ap.parse_args(argv)
+    if args.full:
+        args.prompts, args.max_new_tokens = 80, 256
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    target = Target(*load_model(args.model))
+    target.use_attention("sdpa" if target.device.type == "cpu" else "triton")
+    stop = StopRule(args.max_new_tokens, eos_ids(target))
+    rows = build_rows(target, args, stop)
+    batch = prompts(target, args.prompts)
+    for r in rows:  # warm-up: first-call allocations and lazy inits stay out of the timings
+        r.decode(batch[0][:16])
+    for i, prompt in enumerate(tqdm(batch, desc="bench", unit="prompt")):
+        reference = None
+        for r in rows:
+            t0 = time.perf_counter()
+            out = r.decode(prompt)
+            r.wall += time.perf_counter() - t0
+            r.tokens += len(out)
+            reference = out if reference is None else reference
+            if out != reference and r.identical:
+                r.identical, r.first_mismatch = False, i
+    print(report(rows, len(batch), args))
+    hf_ar, our_ar = rows[0], rows[2]
+    ar_ok = our_ar.wall <= hf_ar.wall
+    lossless = all(r.identical for r in rows)
+    print(f"\nour AR vs HF generate: {hf_ar.wall / our_ar.wall:.2f}x ({'PASS' if ar_ok else 'FAIL'}: must be at least as fast)")
+    print(f"every output equals HF AR token for token: {'PASS' if lossless else 'FAIL'}")
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps([{"method": r.name, "tokens": r.tokens, "wall_s": r.wall,
+                                               "identical": r.identical} for r in rows], indent=1))
+    return 0 if lossless and ar_ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,29 @@
+"""Each notebook in notebooks/ executes end to end on the checked-in results sample (results/sample)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+SAMPLE = NOTEBOOKS.parent / "results" / "sample"
+
+
+
+def test_the_sample_is_there():
+    assert (SAMPLE / "runs.parquet").is_file() and (SAMPLE / "README.md").is_file()
+    assert len(sorted(NOTEBOOKS.glob("*.ipynb"))) == 4
+
+
+@pytest.mark.parametrize("path", sorted(NOTEBOOKS.glob("*.ipynb")), ids=lambda p: p.stem)
+def test_notebook_runs_on_the_sample(path, monkeypatch):
+    monkeypatch.delenv("GRAFT_LAB_RESULTS", raising=False)
+    nb = nbformat.read(path, as_version=4)
+    NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOKS)}}).execute()
+    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.output_type == "error"]
+    assert not errors
+    images = [o for c in nb.cells for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
+    assert images, "every notebook draws at least one figure"

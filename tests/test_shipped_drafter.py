@@ -1,0 +1,61 @@
+"""The shipped EAGLE-3 drafter for the embedded SmolLM2-135M-Instruct: it loads in the official format,
+fits the target, decodes losslessly and reaches its measured acceptance on fixed MT-Bench questions."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import graft_lab
+from graft_lab.decode import Method, StopRule, generate
+from graft_lab.drafters.eagle3 import Eagle3Options, build_eagle3, check_compatible
+from graft_lab.drafters.eagle3_checkpoint import load_eagle3
+from graft_lab.graft import graft_root
+from graft_lab.models.target import EMBEDDED, Target, load_model
+from graft_lab.pruners.base import NoPruner
+from graft_lab.retrievers.base import NoRetriever
+from graft_lab.train.data import mtbench_prompts
+from graft_lab.verify import SamplingParams
+
+pytestmark = pytest.mark.slow
+SHIPPED = Path(graft_lab.__file__).parent / "assets" / "drafters" / "smollm2-135m-instruct-eagle3"
+TAU_MIN = 2.2  # dense tree (60 nodes, depth 7, top-k 10), greedy, 5 questions x 64 tokens; see MODEL_CARD.md
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    model, tok = load_model(EMBEDDED)
+    return Target(model, tok)
+
+
+def test_shipped_drafter_fits_the_target(smollm2):
+    assert (SHIPPED / "config.json").is_file() and (SHIPPED / "model.safetensors").is_file()
+    assert (SHIPPED / "model.safetensors").stat().st_size < 50e6
+    net, raw = load_eagle3(str(SHIPPED))
+    check_compatible(net, smollm2)
+    assert net.embed_tokens is None  # shares the target's embedding
+    assert raw["vocab_size"] == smollm2.vocab_size and raw["hidden_size"] == smollm2.hidden_size
+    keep = torch.arange(net.draft_vocab_size) + net.d2t
+    assert int(net.t2d.sum()) == net.draft_vocab_size and bool(net.t2d[keep].all())
+    assert smollm2.tokenizer.eos_token_id in keep.tolist()
+    assert raw["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 14, 26]
+
+
+def test_shipped_drafter_acceptance_and_losslessness(smollm2):
+    drafter = build_eagle3(Eagle3Options(path=str(SHIPPED), depth=7, top_k=10), smollm2)
+    method = Method(drafter, NoPruner(), NoRetriever(), graft_root, 60)
+    eos = (smollm2.tokenizer.eos_token_id,)
+    emitted = steps = 0
+    for i, prompt in enumerate(mtbench_prompts(smollm2.tokenizer, 5)):
+        gen = generate(smollm2, method, prompt, SamplingParams(), StopRule(64, eos))
+        emitted += sum(s.accept_length for s in gen.steps)
+        steps += len(gen.steps)
+        if i == 0:
+            ref = smollm2.model.generate(prompt[None], max_new_tokens=64, do_sample=False, eos_token_id=eos[0],
+                                         pad_token_id=eos[0], attention_mask=torch.ones_like(prompt[None]))
+            assert gen.tokens == ref[0, prompt.numel():].tolist()
+    tau = emitted / steps
+    print(f"shipped drafter: tau {tau:.3f} over {steps} steps")
+    assert tau >= TAU_MIN, f"tau {tau:.3f} < {TAU_MIN}"

@@ -1,0 +1,138 @@
+"""The training code on a tiny random target (< 1 minute): TTT matches inference, data streaming, the
+draft vocabulary, a short run with resume, and the exported drafter decoding losslessly."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from graft_lab.decode import Method, StopRule, generate
+from graft_lab.drafters.eagle3 import Eagle3Options, build_eagle3
+from graft_lab.drafters.eagle3_checkpoint import load_eagle3
+from graft_lab.graft import graft_root
+from graft_lab.models.cache import TreeKVCache
+from graft_lab.pruners.base import NoPruner
+from graft_lab.retrievers.base import NoRetriever
+from graft_lab.train.data import stream_json_array
+from graft_lab.train.loop import TrainConfig, export, train
+from graft_lab.train.ttt import ttt_forward, ttt_loss
+from graft_lab.train.vocab import coverage, draft_vocab, maps
+from graft_lab.verify import SamplingParams
+from tiny import hf_greedy, tiny_eagle3, tiny_target
+
+
+def _inference_chain(net, aux, emb, i, steps):
+    """What drafters.eagle3 computes for anchor i: step 0 over the prefix 0..i, then a chain of steps
+    each attending to the cache (prefix + its ancestors)."""
+    cache = TreeKVCache(1, 64)
+    causal = torch.ones(i + 1, i + 1, dtype=torch.bool).tril()
+    mask = torch.zeros(1, 1, i + 1, i + 1).masked_fill(~causal, torch.finfo(torch.float32).min)
+    h = net(emb[None, 1 : i + 2], aux[None, : i + 1], torch.arange(i + 1)[None], mask, cache)[:, -1:]
+    outs = [h[0, 0]]
+    for j in range(1, steps):
+        h = net(emb[None, i + j + 1 : i + j + 2], h, torch.tensor([[i + j]]), torch.zeros(1, 1, 1, cache.length + 1), cache)
+        outs.append(h[0, 0])
+    return outs
+
+
+@torch.no_grad()
+def test_ttt_matches_inference_attention():
+    target = tiny_target()
+    net = tiny_eagle3(target)
+    torch.manual_seed(1)
+    t, steps, hsz = 12, 4, target.hidden_size
+    aux, emb = torch.randn(t, 3 * hsz), torch.randn(t + steps, hsz)
+    n = t - 2
+    outs = ttt_forward(net, aux[None, :n], emb[None, 1 : n + steps], steps)
+    sel = torch.tensor([0, 3, 4, 9])
+    sub = ttt_forward(net, aux[None, :n], emb[None, 1 : n + steps], steps, sel)
+    for i in range(n):
+        ref = _inference_chain(net, aux, emb, i, steps)
+        for j in range(steps):
+            torch.testing.assert_close(outs[j][0, i], ref[j], atol=1e-4, rtol=1e-4)
+    for j in range(1, steps):
+        torch.testing.assert_close(sub[j][0], outs[j][0, sel], atol=1e-5, rtol=1e-5)
+
+
+def test_ttt_loss_masks_and_labels():
+    target = tiny_target()
+    net = tiny_eagle3(target)
+    t = 20
+    ids = torch.randint(3, 96, (t,))
+    mask = torch.zeros(t, dtype=torch.bool)
+    mask[10:] = True
+    t2d_index = torch.arange(96)
+    aux, emb, logits = torch.randn(t, 3 * 64), torch.randn(t, 64), torch.randn(t, 96)
+    loss, stats = ttt_loss(net, ids, mask, aux, emb, logits, t2d_index, 3, "soft")
+    assert loss.isfinite() and loss.requires_grad
+    assert [s[3] for s in stats] == [10, 9, 8]  # step j predicts x_{i+j+2}: fewer labels inside the sequence
+    loss_h, _ = ttt_loss(net, ids, mask, aux, emb, logits, t2d_index, 3, "hard")
+    assert loss_h.isfinite()
+
+
+def test_stream_json_array_survives_truncation(tmp_path):
+    items = [{"id": i, "conversations": [{"from": "human", "value": "x" * (i * 50)}]} for i in range(30)]
+    text = json.dumps(items, indent=2)
+    path = tmp_path / "cut.json"
+    path.write_text(text[: len(text) - 40])  # cut inside the last element
+    got = list(stream_json_array(path, chunk_chars=256))
+    assert [g["id"] for g in got] == list(range(29))
+
+
+def test_draft_vocab_and_maps():
+    counts = torch.tensor([5, 0, 9, 1, 7, 0])
+    keep = draft_vocab(counts, 3, always=(1,))
+    assert keep.tolist() == [1, 2, 4]
+    d2t, t2d = maps(keep, 6)
+    assert (torch.arange(3) + d2t).tolist() == keep.tolist()
+    assert t2d.tolist() == [False, True, True, False, True, False]
+    assert coverage(counts, keep) == pytest.approx(16 / 22)
+
+
+def _sequences(seed=0, n=40, t=48):
+    g = torch.Generator().manual_seed(seed)
+    data = []
+    for _ in range(n):
+        ids = torch.randint(3, 96, (t,), generator=g)
+        mask = torch.zeros(t, dtype=torch.bool)
+        mask[t // 3 :] = True
+        data.append((ids, mask))
+
+    def sequences(skip):
+        for i in range(skip, n):
+            yield i, *data[i]
+
+    return sequences, data
+
+
+def test_train_resume_export_and_lossless_decode(tmp_path):
+    torch.manual_seed(0)
+    target = tiny_target()
+    sequences, data = _sequences()
+    cfg = TrainConfig(out=str(tmp_path / "run"), draft_vocab=64, vocab_sequences=20, ttt_steps=3, lr=3e-3,
+                      warmup_tokens=50, labels_per_step=64, max_tokens=600, ckpt_every=2, log_every=1,
+                      eval_every_tokens=0, eval_new_tokens=8, progress=False, autocast=False)
+    prompts = [data[0][0][:10]]
+    train(cfg, target, sequences, val=data[:2], eval_prompts=prompts, eos_ids=(2,))
+    ck = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=False)
+    assert ck["state"]["tokens"] >= 600
+    curve = [json.loads(line) for line in (tmp_path / "run" / "curve.jsonl").read_text().splitlines()]
+    assert curve[-1]["final"] and len(curve[-1]["val_acc"]) == 3 and curve[-1]["tau_dense"] >= 1.0
+    # resume with a larger budget continues from the saved step and source position
+    cfg.max_tokens = 1200
+    net = train(cfg, target, sequences, val=(), eos_ids=(2,), resume=True)
+    ck2 = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=False)
+    assert ck2["state"]["step"] > ck["state"]["step"]
+    assert ck2["state"]["consumed"] > ck["state"]["consumed"]
+    # the exported drafter is the official format and decodes losslessly through the engine
+    out = export(net, tmp_path / "drafter", target, dtype=torch.float32)
+    loaded, raw = load_eagle3(str(out))
+    assert loaded.draft_vocab_size == 64 and int(loaded.t2d.sum()) == 64
+    assert raw["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [0, 1, 2]
+    drafter = build_eagle3(Eagle3Options(path=str(out), depth=4, top_k=3), target)
+    for prompt in (data[5][0][:12], data[7][0][:7]):
+        gen = generate(target, Method(drafter, NoPruner(), NoRetriever(), graft_root, 12), prompt,
+                       SamplingParams(), StopRule(max_new_tokens=24))
+        assert gen.tokens == hf_greedy(target.model, prompt, 24)
