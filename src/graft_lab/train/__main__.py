@@ -78,18 +78,17 @@ def main(argv=None) -> None:
         net.load_state_dict(ck["model"])
         print(export(net, args.export or Path(cfg.out) / "export", target), json.dumps(ck["state"]))
         return
-    val_n = args.val_sequences
-
-    def sequences(skip: int):
-        for idx, msgs in sharegpt_conversations(skip=val_n + skip):
-            ids, mask = render(tok, msgs, args.max_len)
-            yield idx - val_n, ids, mask
-
-    val = []
-    for _, msgs in sharegpt_conversations():
-        if len(val) >= val_n:
+    val, val_end = [], 0  # held out: the first `val_sequences` usable conversations; training starts after them
+    for idx, msgs in sharegpt_conversations():
+        if len(val) >= args.val_sequences:
             break
         val.append(render(tok, msgs, args.max_len))
+        val_end = idx + 1
+
+    def sequences(skip: int):
+        for idx, msgs in sharegpt_conversations(skip=val_end + skip):
+            ids, mask = render(tok, msgs, args.max_len)
+            yield idx - val_end, ids, mask
     prompts = mtbench_prompts(tok, args.eval_questions) if args.eval_questions else []
     t0 = time.time()
     net = train(cfg, target, sequences, val, prompts, eos, resume=args.resume)
