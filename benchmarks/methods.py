@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 from omegaconf import OmegaConf
+from tqdm.auto import tqdm
 
 from graft_lab.data import DATASETS
 from graft_lab.decode import Method, StopRule
@@ -154,14 +155,18 @@ def main(argv: list[str] | None = None) -> list[dict]:
     base: list[TurnStats] = []
     stats = {key: [] for key in methods}
     same = {key: True for key in methods}
-    for i, prompt in enumerate(batch):
+    bar = tqdm(total=len(batch) * (1 + len(methods)), desc="methods x prompts", unit="run")
+    for prompt in batch:
         ref, st = timed(target, ar, prompt, params, stop, None)
         base.append(st)
+        bar.update()
         for key, method in methods.items():
             gen, st = timed(target, method, prompt, params, stop, None)
             stats[key].append(st)
             same[key] &= gen.tokens == ref.tokens
-        print(f"prompt {i + 1}/{len(batch)} done", flush=True)
+            bar.set_postfix_str(f"{key[0]} K={key[1]}")
+            bar.update()
+    bar.close()
     rows = [row("AR", 1, base, base, True)]
     rows += [row(name, k, stats[(name, k)], base, same[(name, k)]) for k in args.ks for name in (s.name for s in table)]
     print(f"\n{len(batch)} prompts, {args.max_new_tokens} new tokens, greedy, {target.device}, drafter {args.drafter}\n")
