@@ -16,7 +16,7 @@ from omegaconf import DictConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 CONF = ROOT / "conf"
-TINY = ["model=tiny_random", "drafter=none", "dataset.limit=1", "dataset.first_turn_only=true", "gen.max_new_tokens=4"]
+TINY = ["model=tiny_random", "drafter=none", "pruner=none", "retriever=none", "dataset.limit=1", "dataset.first_turn_only=true", "gen.max_new_tokens=4"]
 
 
 def compose_cfg(overrides: list[str], hydra_config: bool = False) -> DictConfig:
