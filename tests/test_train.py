@@ -15,7 +15,7 @@ from graft_lab.graft import graft_root
 from graft_lab.models.cache import TreeKVCache
 from graft_lab.pruners.base import NoPruner
 from graft_lab.retrievers.base import NoRetriever
-from graft_lab.train.data import stream_json_array
+from graft_lab.data.json_stream import stream_json_array
 from graft_lab.train.loop import TrainConfig, export, train
 from graft_lab.train.ttt import ttt_forward, ttt_loss
 from graft_lab.train.vocab import coverage, draft_vocab, maps
@@ -77,7 +77,7 @@ def test_stream_json_array_survives_truncation(tmp_path):
     text = json.dumps(items, indent=2)
     path = tmp_path / "cut.json"
     path.write_text(text[: len(text) - 40])  # cut inside the last element
-    got = list(stream_json_array(path, chunk_chars=256))
+    got = list(stream_json_array(path, chunk=256))
     assert [g["id"] for g in got] == list(range(29))
 
 

