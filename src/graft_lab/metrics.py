@@ -71,9 +71,11 @@ class TurnStats:
     drafted: int  # tree nodes drafted, summed over steps
     retrieved: int
     accepted_retrieved: int
+    peak_memory_mb: float = 0.0  # CUDA max allocated during the turn, or the process's peak RSS so far
 
     @staticmethod
-    def of(tokens: list[int], steps: list[StepRecord], prefill_s: float, wall_time: float) -> "TurnStats":
+    def of(tokens: list[int], steps: list[StepRecord], prefill_s: float, wall_time: float,
+           peak_mb: float = 0.0) -> "TurnStats":
         phases: dict[str, float] = defaultdict(float, prefill=prefill_s)
         for s in steps:
             for k, v in s.times.items():
@@ -86,6 +88,7 @@ class TurnStats:
             drafted=sum(s.drafted for s in steps),
             retrieved=sum(s.retrieved for s in steps),
             accepted_retrieved=sum(s.accepted_retrieved for s in steps),
+            peak_memory_mb=peak_mb,
         )
 
 

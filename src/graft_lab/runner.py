@@ -71,12 +71,14 @@ def eos_ids(target: Target) -> tuple[int, ...]:
 def timed(target: Target, method: Method, prompt, params, stop, generator) -> tuple[Generation, TurnStats]:
     sync = torch.cuda.synchronize if target.device.type == "cuda" else (lambda: None)
     decode_text = (lambda ids: target.tokenizer.decode(ids)) if stop.stop_strings else None
+    if target.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(target.device)
     sync()
     t0 = time.perf_counter()
     gen = generate(target, method, prompt, params, stop, generator, decode_text)
     sync()
     wall = time.perf_counter() - t0
-    return gen, TurnStats.of(gen.tokens, gen.steps, gen.prefill_s, wall)
+    return gen, TurnStats.of(gen.tokens, gen.steps, gen.prefill_s, wall, peak_memory_mb(target.device))
 
 
 def answer_question(target, method, baseline, q: Question, run: RunConfig, model_id: str, generator) -> tuple[dict, list, list]:
@@ -109,6 +111,7 @@ def answer_question(target, method, baseline, q: Question, run: RunConfig, model
             "wall_time": [s.wall_time for s in stats],
             "decoding_steps": [len(s.accept_lengths) for s in stats],
             "accept_lengths": [s.accept_lengths for s in stats],
+            "peak_memory_mb": [s.peak_memory_mb for s in stats],
             "output_ids": ids,
         }],
         "stop_reasons": turns,
@@ -167,7 +170,7 @@ def run(run_cfg: RunConfig, nodes: dict[str, Any], out_dir: Path, meta: dict) ->
         "matches_baseline": (not mismatches) if all_base and run_cfg.gen.temperature == 0 else None,
         "mismatched_questions": mismatches,
         "per_category": {c: aggregate(s, b or None) for c, (s, b) in categories.items()},
-        "peak_memory_mb": peak_memory_mb(target.device),
+        "peak_memory_mb": max((s.peak_memory_mb for s in all_stats + all_base), default=peak_memory_mb(target.device)),
         "device": str(target.device),
         "tree": asdict(run_cfg.tree),
         **meta,
