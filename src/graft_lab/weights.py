@@ -4,12 +4,10 @@ model's config (vocabulary, context) and datasets that need its tokenizer can ru
 
 from __future__ import annotations
 
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from huggingface_hub import constants, try_to_load_from_cache
+from huggingface_hub import try_to_load_from_cache
 from transformers import AutoConfig, AutoTokenizer, PretrainedConfig
 
 from .drafters.eagle3_checkpoint import BUILTIN, resolve_checkpoint
@@ -17,7 +15,7 @@ from .errors import ModelLoadError
 from .models.embedded import embedded_dir, gguf_path
 from .models.random_model import PREFIX as RANDOM
 from .models.random_model import random_config, random_tokenizer
-from .models.target import EMBEDDED, resolve_source
+from .models.target import EMBEDDED, hub_reachable, resolve_source
 
 TARGET, DRAFTER = "target model", "EAGLE-3 drafter"
 
@@ -38,17 +36,6 @@ class Weights:
 
 def hub_cached(repo_id: str) -> bool:
     return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
-
-
-def hub_reachable(timeout: float = 3.0) -> bool:
-    """One short request to the hub's endpoint; False offline or with HF_HUB_OFFLINE set."""
-    if constants.HF_HUB_OFFLINE:
-        return False
-    try:
-        urllib.request.urlopen(constants.ENDPOINT, timeout=timeout).close()
-        return True
-    except (urllib.error.URLError, OSError):
-        return False
 
 
 def local_problem(w: Weights) -> str | None:

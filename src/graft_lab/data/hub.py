@@ -11,7 +11,7 @@ from itertools import islice
 from tqdm.auto import tqdm
 
 from ..errors import ConfigError
-from ..weights import hub_reachable
+from ..models.target import hub_reachable
 from .base import DATASETS, Question
 from .sources import Selection
 
