@@ -35,7 +35,7 @@ def brute_ancestors(tree: DraftTree) -> torch.Tensor:
 @pytest.mark.parametrize("n,seed", [(1, 0), (2, 1), (9, 2), (40, 3), (80, 4)])
 def test_ancestor_mask_paths_positions(n, seed):
     tree = random_tree(n, seed=seed)
-    anc = tree.ancestor_mask()
+    anc = tree.ancestor_mask
     assert torch.equal(anc, brute_ancestors(tree))
     assert torch.equal(tree.position_ids(17), tree.depth + 17)
     paths = tree.paths()

@@ -10,6 +10,7 @@ never over nodes.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from enum import IntEnum
 
 import torch
@@ -147,8 +148,10 @@ class DraftTree:
         return self.select(torch.sort(order[:budget]).values)
 
     # ---- what verification needs --------------------------------------------------------------
+    @cached_property
     def ancestor_mask(self) -> torch.Tensor:
-        """bool [N, N]: True where node j is node i or one of its ancestors."""
+        """bool [N, N]: True where node j is node i or one of its ancestors. Computed once per tree:
+        verification and acceptance both need it, and a tree never changes. Treat it as read-only."""
         n = self.size
         idx = torch.arange(n, device=self.device)
         mask = torch.zeros(n, n, dtype=torch.bool, device=self.device)
@@ -169,7 +172,7 @@ class DraftTree:
         is_parent = torch.zeros(self.size, dtype=torch.bool, device=self.device)
         is_parent[self.parents[1:]] = True
         leaves = (~is_parent).nonzero().squeeze(1)
-        anc = self.ancestor_mask()[leaves]  # [L, N]
+        anc = self.ancestor_mask[leaves]  # [L, N]
         out = torch.full((leaves.numel(), self.max_depth + 1), -1, dtype=torch.long, device=self.device)
         rows, nodes = anc.nonzero(as_tuple=True)
         out[rows, self.depth[nodes]] = nodes

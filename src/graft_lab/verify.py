@@ -50,7 +50,7 @@ def accept_greedy(tree: DraftTree, logits: torch.Tensor) -> Acceptance:
     pred = logits.argmax(-1)  # [N]
     ok = tree.tokens == pred[tree.parents.clamp(min=0)]  # [N] the node matches its parent's prediction
     ok[0] = True
-    anc = tree.ancestor_mask()  # [N, N]
+    anc = tree.ancestor_mask  # [N, N]
     accepted = ~(anc & ~ok[None, :]).any(-1)  # [N] every node on the path is ok
     depth = torch.where(accepted, tree.depth, torch.full_like(tree.depth, -1))
     best = int(depth.argmax())  # siblings hold distinct tokens, so the deepest accepted node is unique

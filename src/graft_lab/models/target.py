@@ -183,7 +183,7 @@ class Target:
 
     def verify(self, tree: DraftTree, cache: TreeKVCache, want_aux: bool) -> TargetOutput:
         """One forward over every node of `tree` on top of the cache; the nodes' KV stay until `commit`."""
-        return self.forward(tree.tokens, tree.position_ids(cache.length), cache, tree.ancestor_mask(), want_aux)
+        return self.forward(tree.tokens, tree.position_ids(cache.length), cache, tree.ancestor_mask, want_aux)
 
     @staticmethod
     def commit(cache: TreeKVCache, start: int, path: torch.Tensor) -> None:
