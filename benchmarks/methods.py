@@ -4,24 +4,29 @@ and Graft (root / tail / match), at each budget K, on the same prompts in one ru
 Per prompt every method runs back to back (AR once), so machine-load drift hits all of them alike.
 Columns: tau (tokens per step, bonus included), tok/s, speedup over AR, nodes per step drafted /
 retrieved / verified (the tree), the share of accepted tokens that were retrieved, the retrieve+graft
-share of step time and its milliseconds per step, and whether the output equals AR's.
+share of step time and its milliseconds per step, and whether the output equals AR's. A second pair of
+tables gives tau and speedup per category (MT-Bench counts as one, as in Spec-Bench) and their means.
 
-    python -m benchmarks.methods --limit 2 --max-new-tokens 32            # a quick check
-    python -m benchmarks.methods --spec-bench ../shared/data/spec_bench/question.jsonl --out results/methods.jsonl
+Each finished prompt is appended to --raw, so a long run can be stopped, resumed, or reported at any point:
+
+    python -m benchmarks.methods --mt-bench 2 --max-new-tokens 32                      # a quick check
+    python -m benchmarks.methods --spec-bench ../shared/data/spec_bench/question.jsonl --raw results/methods/raw.jsonl
+    python -m benchmarks.methods --report results/methods/raw.jsonl                   # the tables from a (partial) run
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import dataclass
+from collections import defaultdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 from omegaconf import OmegaConf
 from tqdm.auto import tqdm
 
-from graft_lab.data import DATASETS
+from graft_lab.data import DATASETS, Question
 from graft_lab.decode import Method, StopRule
 from graft_lab.drafters import DRAFTERS
 from graft_lab.drafters.eagle3_checkpoint import ASSETS
@@ -36,6 +41,7 @@ from graft_lab.verify import SamplingParams
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = "builtin:smollm2-135m-instruct-eagle3"
+AR = ("AR", 1)
 SPEC_BENCH = ["translation", "summarization", "qa", "math_reasoning", "rag"]
 
 
@@ -62,12 +68,13 @@ def specs(pruner: dict, retriever: dict) -> list[Spec]:
 
 
 def tree_shape(budget: int) -> tuple[int, int]:
-    """(depth, top_k) of the conf/tree preset with this K; EAGLE's 7 x 10 otherwise."""
+    """(depth, top_k) of the conf/tree preset with this K; otherwise EAGLE's 7 x 10, narrowed for small K so
+    the drafter does not grow levels the budget cannot keep."""
     for f in sorted((ROOT / "conf" / "tree").glob("*.yaml")):
         node = OmegaConf.load(f)
         if node.total_tokens == budget:
             return node.get("depth", 7), node.get("top_k", 10)
-    return 7, 10
+    return max(1, min(7, budget - 1)), max(1, min(10, budget // 4))
 
 
 def build(spec: Spec, target: Target, drafter_path: str, budget: int) -> Method:
@@ -80,13 +87,24 @@ def build(spec: Spec, target: Target, drafter_path: str, budget: int) -> Method:
     return Method(drafter, PRUNERS.build(spec.pruner), retriever, GRAFTS.build({"name": spec.graft}, retriever=retriever), budget)
 
 
-def prompts(target: Target, args) -> list[torch.Tensor]:
+def interleave(questions: list[tuple[str, Question]]) -> list[tuple[str, Question]]:
+    """Round-robin over the fine categories (file order within each), so a run stopped early is still a
+    balanced sample of them."""
+    rank: dict[str, int] = defaultdict(int)
+    keyed = []
+    for order, (group, q) in enumerate(questions):
+        keyed.append((rank[q.category], order, group, q))
+        rank[q.category] += 1
+    return [(group, q) for *_, group, q in sorted(keyed, key=lambda t: t[:2])]
+
+
+def prompts(target: Target, args) -> list[tuple[str, str, torch.Tensor]]:
+    """(group, category, prompt ids): MT-Bench first turns (one group, as in Spec-Bench) and Spec-Bench's five."""
+    questions = [("mt_bench", q) for q in DATASETS.build({"name": "mt_bench", "limit": args.mt_bench, "first_turn_only": True})]
     if args.spec_bench:
-        node = {"name": "spec_bench", "path": args.spec_bench, "categories": SPEC_BENCH, "per_category": args.limit}
-    else:
-        node = {"name": "mt_bench", "limit": args.limit}
-    questions = DATASETS.build({**node, "first_turn_only": True})
-    return [chat_prompt(target, [{"role": "user", "content": q.turns[0]}]) for q in questions]
+        node = {"name": "spec_bench", "path": args.spec_bench, "categories": SPEC_BENCH, "per_category": args.per_category}
+        questions += [(q.category, q) for q in DATASETS.build({**node, "first_turn_only": True})]
+    return [(group, q.category, chat_prompt(target, [{"role": "user", "content": q.turns[0]}])) for group, q in interleave(questions)]
 
 
 def row(name: str, budget: int, stats: list[TurnStats], base: list[TurnStats], matches: bool) -> dict:
@@ -121,56 +139,99 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def records_table(records: list[dict]) -> tuple[list[dict], str]:
+    """The overall rows and the per-category tables from per-prompt records (prompts every method finished)."""
+    by_key: dict[tuple[str, int], dict[int, dict]] = defaultdict(dict)
+    for r in records:
+        by_key[(r["method"], r["K"])][r["prompt"]] = r
+    base = by_key[AR]
+    done = sorted(set(base).intersection(*(set(v) for v in by_key.values())))
+    turns = lambda key, ids: [TurnStats(**by_key[key][i]["stats"]) for i in ids]
+    keys = [key for key in by_key if key != AR]
+    rows = [row("AR", 1, turns(AR, done), turns(AR, done), True)]
+    rows += [row(m, k, turns((m, k), done), turns(AR, done), all(by_key[(m, k)][i]["identical"] for i in done))
+             for m, k in keys]
+    tables = []
+    for figure, field in (("tau", "group"), ("speedup", "group"), ("tau", "category")):
+        names = list(dict.fromkeys(base[i][field] for i in done))
+        ids = {c: [i for i in done if base[i][field] == c] for c in names}
+        lines = ["| method | K | " + " | ".join(f"{c} ({len(ids[c])})" for c in names) + " | mean |",
+                 "|---|---|" + "---|" * (len(names) + 1)]
+        for key in keys:
+            values = [aggregate(turns(key, ids[c]), turns(AR, ids[c]))[figure] for c in names]
+            lines.append(f"| {key[0]} | {key[1]} | " + " | ".join(f"{v:.2f}" for v in values) + f" | {sum(values) / len(values):.2f} |")
+        tables.append(f"{figure} by {field} (mean: unweighted over the columns):\n" + "\n".join(lines))
+    return rows, f"{len(done)} prompts finished by every method\n\n" + markdown(rows) + "\n\n" + "\n\n".join(tables)
+
+
+def read_records(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--drafter", default=SHIPPED if (ASSETS / SHIPPED.removeprefix("builtin:")).is_dir() else None,
                     help="EAGLE-3 checkpoint (default: the shipped one, if present); without one the EAGLE-3 rows are skipped")
     ap.add_argument("--pruner", default=str(ROOT / "conf" / "pruner" / "dyn_depth.yaml"), help="dyn_depth config file")
     ap.add_argument("--retriever", default=str(ROOT / "conf" / "retriever" / "recycle.yaml"), help="Graft's retriever config file")
-    ap.add_argument("--ks", type=int, nargs="+", default=[60, 16, 32], help="budgets K")
-    ap.add_argument("--limit", type=int, default=10, help="MT-Bench questions, or Spec-Bench questions per category")
-    ap.add_argument("--spec-bench", default=None, help="Spec-Bench question.jsonl (5 categories) instead of MT-Bench")
+    ap.add_argument("--ks", type=int, nargs="+", default=[60, 32, 16], help="budgets K")
+    ap.add_argument("--methods", nargs="+", default=None, help="only these rows (names as printed, e.g. 'eagle3 dense' 'graft root')")
+    ap.add_argument("--mt-bench", type=int, default=80, help="MT-Bench first turns")
+    ap.add_argument("--spec-bench", default=None, help="Spec-Bench question.jsonl: adds its 5 categories")
+    ap.add_argument("--per-category", type=int, default=10, help="Spec-Bench questions per category")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--attn", default="auto", help="auto (triton on CUDA, else sdpa), triton, sdpa or eager")
-    ap.add_argument("--out", default=None, help="also write the rows as JSON lines here")
+    ap.add_argument("--raw", default=None, help="per-prompt stats, one JSON line per prompt and method; a rerun skips finished prompts")
+    ap.add_argument("--report", default=None, help="print the tables from this --raw file and exit")
+    ap.add_argument("--out", default=None, help="also write the overall rows as JSON lines here")
     return ap.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
     args = parse_args(argv)
+    if args.report:
+        rows, text = records_table(read_records(Path(args.report)))
+        print(text)
+        return rows
     model, tokenizer = load_model(EMBEDDED, dtype=args.dtype, device=args.device)
     target = Target(model, tokenizer)
     target.use_attention(args.attn if args.attn != "auto" else ("triton" if target.device.type == "cuda" else "sdpa"))
     pruner, retriever = (OmegaConf.to_container(OmegaConf.load(p)) for p in (args.pruner, args.retriever))
-    table = [s for s in specs(pruner, retriever) if args.drafter or not s.eagle3]
+    table = [s for s in specs(pruner, retriever) if (args.drafter or not s.eagle3) and (not args.methods or s.name in args.methods)]
     if not args.drafter:
         print("no EAGLE-3 drafter (pass --drafter PATH): skipping the EAGLE-3, dyn_depth and Graft rows")
     methods = {(s.name, k): build(s, target, args.drafter, k) for k in args.ks for s in table}
     ar = ar_method()
     params, stop = SamplingParams(), StopRule(args.max_new_tokens, eos_ids(target))
     batch = prompts(target, args)
-    timed(target, ar, batch[0][:8], params, StopRule(4), None)  # warm-up: first-call allocations
-    base: list[TurnStats] = []
-    stats = {key: [] for key in methods}
-    same = {key: True for key in methods}
-    bar = tqdm(total=len(batch) * (1 + len(methods)), desc="methods x prompts", unit="run")
-    for prompt in batch:
+    raw = Path(args.raw) if args.raw else None
+    records = read_records(raw) if raw else []
+    finished = {r["prompt"] for r in records if r["method"] == "AR"}
+    timed(target, ar, batch[0][2][:8], params, StopRule(4), None)  # warm-up: first-call allocations
+    bar = tqdm(total=len(batch) * (1 + len(methods)), initial=len(finished) * (1 + len(methods)), desc="methods x prompts", unit="run")
+    for i, (group, category, prompt) in enumerate(batch):
+        if i in finished:
+            continue
         ref, st = timed(target, ar, prompt, params, stop, None)
-        base.append(st)
+        done = [{"prompt": i, "group": group, "category": category, "method": "AR", "K": 1, "identical": True, "stats": asdict(st)}]
         bar.update()
-        for key, method in methods.items():
+        for (name, k), method in methods.items():
+            bar.set_postfix_str(f"{name} K={k}")
             gen, st = timed(target, method, prompt, params, stop, None)
-            stats[key].append(st)
-            same[key] &= gen.tokens == ref.tokens
-            bar.set_postfix_str(f"{key[0]} K={key[1]}")
+            done.append({"prompt": i, "group": group, "category": category, "method": name, "K": k,
+                         "identical": gen.tokens == ref.tokens, "stats": asdict(st)})
             bar.update()
+        records += done
+        if raw:
+            raw.parent.mkdir(parents=True, exist_ok=True)
+            with raw.open("a") as f:
+                f.write("".join(json.dumps(r) + "\n" for r in done))
     bar.close()
-    rows = [row("AR", 1, base, base, True)]
-    rows += [row(name, k, stats[(name, k)], base, same[(name, k)]) for k in args.ks for name in (s.name for s in table)]
-    print(f"\n{len(batch)} prompts, {args.max_new_tokens} new tokens, greedy, {target.device}, drafter {args.drafter}\n")
-    print(markdown(rows))
+    rows, text = records_table(records)
+    print(f"\n{args.max_new_tokens} new tokens, greedy, {target.device}, drafter {args.drafter}, pruner {args.pruner}")
+    print(text)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text("".join(json.dumps(r) + "\n" for r in rows))

@@ -15,7 +15,7 @@ from graft_lab.drafters.eagle3 import Eagle3Drafter
 from graft_lab.drafters.base import DraftInput
 from graft_lab.errors import ConfigError
 from graft_lab.pruners import PRUNERS
-from graft_lab.pruners.calibrate import main, stop_shares, thresholds_for, write_config
+from graft_lab.pruners.calibrate import main, significant, stop_shares, thresholds_for, write_config
 from graft_lab.pruners.dyn_depth import DynDepthOptions, DynDepthPruner
 from tiny import tiny_eagle3, tiny_model, tiny_target, write_eagle3
 
@@ -115,6 +115,14 @@ def test_thresholds_skip_drafts_that_never_reach_a_checkpoint():
     assert np.allclose(stop_shares(conf, thr), [0.25, 0.25, 0.25], atol=3e-3)
     with pytest.raises(ConfigError):
         thresholds_for(conf, [0.5, 0.5, 0.5])
+
+
+def test_written_thresholds_keep_tiny_deep_checkpoint_confidences():
+    conf = synthetic_confidences(np.random.default_rng(2), 1000)
+    conf[:, 2] *= 1e-7  # a depth-5 path probability: a product of six draft probabilities
+    rates = [0.3, 0.3, 0.2]
+    written = [significant(t) for t in thresholds_for(conf, rates)]
+    assert np.allclose(stop_shares(conf, written), rates, atol=3e-3)
 
 
 def test_written_config_loads_back(tmp_path):

@@ -57,6 +57,11 @@ def thresholds_for(conf: np.ndarray, stop_rates: list[float]) -> list[float]:
     return out
 
 
+def significant(t: float, digits: int = 4) -> float:
+    """Round to significant digits, not decimals: deep checkpoints' path probabilities are often below 1e-6."""
+    return float(f"{t:.{digits}g}")
+
+
 def stop_shares(conf: np.ndarray, thresholds: list[float]) -> list[float]:
     """Share of drafts each checkpoint stops under `thresholds` (what the pruner would do)."""
     alive = np.ones(conf.shape[0], dtype=bool)
@@ -131,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     prompts = [chat_prompt(target, [{"role": "user", "content": q.turns[0]}]) for q in questions]
     conf = collect(target, drafter, prompts, opts, args.budget, args.max_new_tokens, eos_ids(target))
     thresholds = thresholds_for(conf, args.stop_rates)
-    calibrated = dataclasses.replace(opts, thresholds=[round(t, 6) for t in thresholds])
+    calibrated = dataclasses.replace(opts, thresholds=[significant(t) for t in thresholds])
     out = Path(args.out_dir) / f"{args.name}.yaml"
     write_config(out, calibrated, (
         f"dyn_depth thresholds calibrated by graft_lab.pruners.calibrate: {len(prompts)} prompts, {conf.shape[0]} drafts\n"
