@@ -35,7 +35,7 @@ def test_a_run_writes_its_row_with_provenance(first):
     row = df.iloc[0]
     assert bool(row["complete"]) and row["method"] == "none" and row["model"] == "tiny_random"
     assert row["config_hash"] == outcome.summary["config_hash"] and tmp / row["run_dir"] == outcome.out_dir
-    assert row["cfg.tree.total_tokens"] == 16 and row["budget"] == 16 and row["tau"] == 1.0  # tree=k16, the default
+    assert row["cfg.tree.total_tokens"] == 3 and row["budget"] == 3 and row["tau"] == 1.0  # tree=k3, the default
     summary = json.loads((outcome.out_dir / "summary.json").read_text())
     for key in ("config", "config_hash", "git_commit", "versions", "device", "peak_memory_mb", "acceptance_by_position"):
         assert key in summary
