@@ -192,7 +192,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> list[dict]:
     args = parse_args(argv)
     if args.report:
-        rows, text = records_table(read_records(Path(args.report)))
+        records = read_records(Path(args.report))
+        if not records:
+            raise SystemExit(f"benchmarks.methods: no records in {args.report} (a --raw file of a run)")
+        rows, text = records_table(records)
         print(text)
         return rows
     model, tokenizer = load_model(EMBEDDED, dtype=args.dtype, device=args.device)

@@ -2,7 +2,9 @@
 
 from dataclasses import asdict
 
-from benchmarks.methods import interleave, records_table, tree_shape
+import pytest
+
+from benchmarks.methods import interleave, main, records_table, tree_shape
 from graft_lab.data import Question
 from graft_lab.metrics import TurnStats
 
@@ -47,3 +49,8 @@ def test_tree_shape_uses_presets_and_narrows_small_budgets():
     assert tree_shape(60) == (7, 10)
     assert tree_shape(3) == (2, 1)
     assert tree_shape(100) == (7, 10)
+
+
+def test_report_of_a_missing_or_empty_file_says_so(tmp_path):
+    with pytest.raises(SystemExit, match="no records"):
+        main(["--report", str(tmp_path / "missing.jsonl")])
