@@ -32,8 +32,16 @@ test-fast: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks $(ARGS)
 
+# The shipped drafter's recipe, resumable at every stage: ShareGPT (stage 1), the target's own greedy replies to
+# ShareGPT prompts, then those replies (stage 2). MODEL_CARD.md gives each stage's time on 2 cores.
+RUNS          ?= runs
+REGEN_PROMPTS ?= 4096
 drafter: $(STAMP)
-	$(BIN)/python -m graft_lab.train $(ARGS)
+	$(BIN)/python -m graft_lab.train --config conf/train/smollm2.yaml --out $(RUNS)/smollm2-eagle3 --resume
+	$(BIN)/python -m graft_lab.train.regenerate --out $(RUNS)/regen/sharegpt_greedy.jsonl --max-prompts $(REGEN_PROMPTS) --threads 2
+	$(BIN)/python -m graft_lab.train --config conf/train/smollm2_regen.yaml --init $(RUNS)/smollm2-eagle3 \
+		--data $(RUNS)/regen/sharegpt_greedy.jsonl --out $(RUNS)/smollm2-eagle3-regen --resume \
+		--export $(RUNS)/smollm2-eagle3-regen/export
 
 pareto: $(STAMP)
 	$(BIN)/python -m graft_lab.plot pareto $(ARGS)

@@ -136,3 +136,69 @@ def test_train_resume_export_and_lossless_decode(tmp_path):
         gen = generate(target, Method(drafter, NoPruner(), NoRetriever(), graft_root, 12), prompt,
                        SamplingParams(), StopRule(max_new_tokens=24))
         assert gen.tokens == hf_greedy(target.model, prompt, 24)
+
+
+def test_regenerate_then_train_from_a_run(tmp_path):
+    """Stage two of the shipped recipe on a tiny random target: the target's own replies are written
+    resumably, then a run starts from another run's weights and draft vocab and trains on them."""
+    from graft_lab.models.random_model import random_tokenizer
+    from graft_lab.train.__main__ import main as train_main
+    from graft_lab.train.data import heldout_end, regenerated_conversations, render
+    from graft_lab.train.regenerate import main as regen_main
+
+    tgt = "random:llama?seed=0&hidden=64&layers=4"
+    regen = tmp_path / "regen.jsonl"
+    common = ["--out", str(regen), "--target", tgt, "--dtype", "float32", "--batch", "2", "--sort-window", "2",
+              "--max-new-tokens", "6", "--max-prompt-tokens", "96"]
+    regen_main(common + ["--max-prompts", "4"])
+    regen_main(common + ["--max-prompts", "6"])  # resumes after the last index, up to 6 in the file
+    regen_main(common + ["--max-prompts", "6"])  # already there: nothing to do
+    rows = [json.loads(line) for line in regen.read_text().splitlines()]
+    idx = [r["index"] for r in rows]
+    assert len(rows) == 6 and idx == sorted(set(idx)) and idx[0] >= heldout_end(16)
+    assert all([m["role"] for m in r["messages"]] == ["user", "assistant"] for r in rows)
+    tok = random_tokenizer()
+    pos, msgs, complete = next(regenerated_conversations(regen, skip=7, epochs=2))
+    assert pos == 7 and msgs == rows[1]["messages"]
+    ids, mask = render(tok, [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Hello there"}], 64)
+    cut_ids, cut_mask = render(tok, [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Hello there"}],
+                               64, complete=False)
+    assert torch.equal(ids, cut_ids) and int(mask.sum()) == int(cut_mask.sum()) + 1  # no end-of-turn label
+
+    base = ["--target", tgt, "--target-dtype", "float32", "--draft-vocab", "64", "--vocab-sequences", "4",
+            "--eval-questions", "0", "--val-sequences", "2", "--max-len", "64", "--labels-per-step", "16",
+            "--progress", "false", "--autocast", "false", "--eval-every-tokens", "0", "--ttt-steps", "2",
+            "--max-tokens", "200", "--warmup-tokens", "10"]
+    train_main(base + ["--out", str(tmp_path / "run1")])
+    train_main(base + ["--out", str(tmp_path / "run2"), "--init", str(tmp_path / "run1"), "--data", str(regen),
+                       "--epochs", "3", "--lr", "0"])
+    one, two = (torch.load(tmp_path / r / "checkpoint.pt", weights_only=False) for r in ("run1", "run2"))
+    assert two["state"]["consumed"] > 0 and two["state"]["step"] > 0
+    assert all(torch.equal(one["model"][k], two["model"][k]) for k in one["model"])  # lr 0: the init's weights
+    assert torch.equal(torch.load(tmp_path / "run1" / "vocab.pt")["keep"], torch.load(tmp_path / "run2" / "vocab.pt")["keep"])
+    with pytest.raises(FileNotFoundError, match="not a training run"):
+        train_main(base + ["--out", str(tmp_path / "run3"), "--init", str(tmp_path / "nothing")])
+
+
+def test_evaluate_cli_reports_tau_per_category(tmp_path, capsys):
+    from graft_lab.models.target import Target, load_model
+    from graft_lab.train.evaluate import main as evaluate_main
+    from tiny import write_eagle3
+
+    tgt = "random:llama?seed=0&hidden=64&layers=4"
+    model, tok = load_model(tgt)
+    drafter = write_eagle3(Target(model, tok), tmp_path / "drafter")
+    bench = tmp_path / "question.jsonl"
+    bench.write_text("\n".join(json.dumps({"question_id": i, "category": c, "turns": [f"Question {i} about {c}?"]})
+                               for i, c in enumerate(["qa", "qa", "rag", "rag"])))
+    out = tmp_path / "tau.json"
+    evaluate_main(["--drafter", str(drafter), "--target", tgt, "--questions", "2", "--spec-bench", str(bench),
+                   "--per-category", "1", "--new-tokens", "6", "--trees", "dense,chain", "--out", str(out)])
+    res = json.loads(out.read_text())
+    assert res["prompts"] == 4
+    for tree in ("dense", "chain"):
+        assert set(res[tree]["by_category"]) == {"mt_bench", "qa", "rag"}
+        assert all(v >= 1.0 for v in res[tree]["by_category"].values()) and res[tree]["tau"] >= 1.0
+    with pytest.raises(SystemExit):
+        evaluate_main(["--drafter", str(drafter), "--target", tgt, "--trees", "bushy"])
+    assert "valid: dense, chain" in capsys.readouterr().err

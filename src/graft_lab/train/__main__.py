@@ -2,6 +2,7 @@
 
     python -m graft_lab.train --config conf/train/smollm2.yaml --out runs/smollm2-eagle3 [--resume]
     python -m graft_lab.train --out runs/smollm2-eagle3 --export-only --export DIR   # checkpoint -> official format
+    python -m graft_lab.train --config conf/train/smollm2_regen.yaml --out RUN2 --init RUN  # stage 2: own replies
 
 Any TrainConfig field is a flag (--max-tokens 5000000, --labels hard, ...); a YAML --config gives defaults.
 """
@@ -17,7 +18,7 @@ from pathlib import Path
 import torch
 
 from ..models.target import EMBEDDED, Target, load_model
-from .data import mtbench_prompts, render, sharegpt_conversations
+from .data import mtbench_prompts, regenerated_conversations, render, sharegpt_conversations
 from .loop import TrainConfig, build_drafter, export, train
 
 
@@ -37,6 +38,9 @@ def parse(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", help="YAML file of defaults for any flag below")
     ap.add_argument("--target", default=EMBEDDED)
+    ap.add_argument("--data", default="sharegpt",
+                    help="sharegpt, or a JSONL written by `python -m graft_lab.train.regenerate` (the target's own replies)")
+    ap.add_argument("--epochs", type=int, default=1, help="passes over a --data JSONL")
     ap.add_argument("--target-dtype", default="bfloat16", help="dtype of the target's feature prefill")
     ap.add_argument("--max-len", type=int, default=1024, help="tokens per rendered conversation (truncated)")
     ap.add_argument("--val-sequences", type=int, default=16, help="held-out conversations (the file's first)")
@@ -65,6 +69,8 @@ def parse(argv=None):
 
 def main(argv=None) -> None:
     args = parse(argv)
+    if args.data != "sharegpt" and not Path(args.data).is_file():
+        raise SystemExit(f"--data: {args.data} is neither 'sharegpt' nor a file (write one with python -m graft_lab.train.regenerate)")
     if args.threads:
         torch.set_num_threads(args.threads)
     cfg = TrainConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig) if f.name != "extra"})
@@ -86,6 +92,10 @@ def main(argv=None) -> None:
         val_end = idx + 1
 
     def sequences(skip: int):
+        if args.data != "sharegpt":
+            for pos, msgs, complete in regenerated_conversations(Path(args.data), skip, args.epochs):
+                yield (pos, *render(tok, msgs, args.max_len, complete))
+            return
         for idx, msgs in sharegpt_conversations(skip=val_end + skip):
             ids, mask = render(tok, msgs, args.max_len)
             yield idx - val_end, ids, mask

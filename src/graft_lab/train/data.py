@@ -43,12 +43,34 @@ def sharegpt_conversations(path: Path | None = None, skip: int = 0) -> Iterator[
             yield idx, msgs
 
 
+def regenerated_conversations(path: Path, skip: int = 0, epochs: int = 1) -> Iterator[tuple[int, list[dict], bool]]:
+    """(position, messages, complete) from a `graft_lab.train.regenerate` file, `epochs` times over, from
+    position `skip` (position = epoch * lines + line, so a resumed run continues in the right epoch)."""
+    rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    if not rows:
+        raise ValueError(f"{path} holds no regenerated conversations")
+    for pos in range(skip, epochs * len(rows)):
+        row = rows[pos % len(rows)]
+        yield pos, row["messages"], bool(row.get("complete", True))
+
+
+def heldout_end(n: int, path: Path | None = None) -> int:
+    """The source index just after the first `n` usable conversations: the trainer holds those out."""
+    end = 0
+    for count, (idx, _) in enumerate(sharegpt_conversations(path), 1):
+        if count > n:
+            break
+        end = idx + 1
+    return end
+
+
 _ASSISTANT = re.compile(r"<\|im_start\|>assistant\n(.*?<\|im_end\|>)", re.S)
 
 
-def render(tokenizer, messages: list[dict], max_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+def render(tokenizer, messages: list[dict], max_len: int, complete: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """Token ids [T] of the chat-template rendering and a bool mask [T] of assistant tokens (reply text and
-    its end-of-turn token: what the model writes). Truncated to `max_len` tokens."""
+    its end-of-turn token: what the model writes). Truncated to `max_len` tokens. `complete=False`: the last
+    reply was cut off, so its end-of-turn token is not a label."""
     text = tokenizer.apply_chat_template(messages, tokenize=False)
     enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True, truncation=True, max_length=max_len)
     ids = torch.tensor(enc["input_ids"], dtype=torch.long)
@@ -60,6 +82,10 @@ def render(tokenizer, messages: list[dict], max_len: int) -> tuple[torch.Tensor,
             j += 1
         if j < len(spans) and spans[j][0] <= a and b <= spans[j][1] and b > a:
             mask[t] = True
+    if not complete and mask.any():
+        last = int(mask.nonzero().max())  # the end-of-turn token, unless truncation cut it off
+        if spans and enc["offset_mapping"][last][1] == spans[-1][1]:
+            mask[last] = False
     return ids, mask
 
 

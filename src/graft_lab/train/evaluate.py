@@ -1,6 +1,8 @@
 """Acceptance length (tau) of an EAGLE-3 drafter with the project's decode loop, and a CLI:
 
     python -m graft_lab.train.evaluate --drafter DIR [--questions 80 --new-tokens 128 --dtype float32]
+    python -m graft_lab.train.evaluate --drafter DIR --questions 0 --trees dense \
+        --spec-bench ../shared/data/spec_bench/question.jsonl --per-category 10      # tau per category
 """
 
 from __future__ import annotations
@@ -53,34 +55,64 @@ def measure(target: Target, net: Eagle3Model, prompts, trees=("dense", "chain"),
     return out
 
 
+def labelled_prompts(tokenizer, questions: int, spec_bench: str | None, per_category: int) -> list[tuple[str, torch.Tensor]]:
+    """(category, prompt ids): the first `questions` MT-Bench first turns (category "mt_bench"), then the first
+    `per_category` first turns of each Spec-Bench category."""
+    from ..data.base import DATASETS
+    from .data import mtbench_prompts
+
+    out = [("mt_bench", p) for p in (mtbench_prompts(tokenizer, questions) if questions else [])]
+    if spec_bench:
+        for q in DATASETS.build({"name": "spec_bench", "path": spec_bench, "per_category": per_category,
+                                 "first_turn_only": True}):
+            msgs = [{"role": "user", "content": q.turns[0]}]
+            ids = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True, return_dict=False)
+            out.append((q.category, torch.tensor(ids)))
+    return out
+
+
 def main(argv=None) -> None:
     from ..models.target import EMBEDDED, load_model
-    from .data import mtbench_prompts
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--drafter", required=True)
     ap.add_argument("--target", default=EMBEDDED)
     ap.add_argument("--dtype", default="float32")
-    ap.add_argument("--questions", type=int, default=80)
+    ap.add_argument("--questions", type=int, default=80, help="MT-Bench first turns (0: none)")
+    ap.add_argument("--spec-bench", help="a Spec-Bench question.jsonl: also report tau per category")
+    ap.add_argument("--per-category", type=int, default=10, help="Spec-Bench questions per category")
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--trees", default="dense,chain")
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--out", help="also write the summary JSON here")
     args = ap.parse_args(argv)
+    unknown = [t for t in args.trees.split(",") if t not in TREES]
+    if unknown:
+        ap.error(f"unknown trees {unknown}; valid: {', '.join(TREES)}")
     if args.threads:
         torch.set_num_threads(args.threads)
     model, tok = load_model(args.target, dtype=args.dtype)
-    prompts = mtbench_prompts(tok, args.questions)
-    res = {"drafter": args.drafter, "target": args.target, "dtype": args.dtype, "questions": len(prompts),
+    labelled = labelled_prompts(tok, args.questions, args.spec_bench, args.per_category)
+    if not labelled:
+        ap.error("no prompts: give --questions > 0 or --spec-bench")
+    labels, prompts = [c for c, _ in labelled], [p for _, p in labelled]
+    res = {"drafter": args.drafter, "target": args.target, "dtype": args.dtype, "prompts": len(prompts),
            "new_tokens": args.new_tokens}
     for name in args.trees.split(","):
         tree = TREES[name]
         target = Target(model, tok)
         drafter = build_eagle3(Eagle3Options(path=args.drafter, depth=tree["depth"], top_k=tree["top_k"]), target)
-        def log(i, tokens, steps, name=name):
-            print(json.dumps({"tree": name, "question": i, "tokens": tokens, "steps": steps}), flush=True)
+        per = {}  # category -> [tokens, steps]
+
+        def log(i, tokens, steps, name=name, per=per):
+            agg = per.setdefault(labels[i], [0, 0])
+            agg[0] += tokens
+            agg[1] += steps
+            print(json.dumps({"tree": name, "prompt": i, "category": labels[i], "tokens": tokens, "steps": steps}),
+                  flush=True)
 
         res[name] = tau_of(target, drafter, prompts, tree["total"], args.new_tokens, (tok.eos_token_id,), log)
+        res[name]["by_category"] = {c: round(t / max(n, 1), 4) for c, (t, n) in per.items()}
         print(name, json.dumps(res[name]), flush=True)
     print(json.dumps(res))
     if args.out:

@@ -45,6 +45,7 @@ class TrainConfig:
     autocast: bool = True  # bf16 autocast for the drafter (AMX on recent Xeons); weights stay fp32
     head_init: str = "rows"  # rows: lm_head = the target's head rows of the draft vocab; target: and its final norm; random
     seed: int = 0
+    init: str = ""  # a run directory whose weights and draft vocab start this run (fresh optimizer and schedule)
     ckpt_every: int = 50  # optimizer steps
     log_every: int = 10
     eval_every_tokens: int = 1_000_000  # tau learning curve; 0: only at the end
@@ -176,9 +177,14 @@ def train(cfg: TrainConfig, target: Target, sequences: Sequences, val=(), eval_p
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     ckpt_path, vocab_path = out / "checkpoint.pt", out / "vocab.pt"
+    if cfg.init and not all((Path(cfg.init) / f).is_file() for f in ("checkpoint.pt", "vocab.pt")):
+        raise FileNotFoundError(f"init={cfg.init!r} is not a training run directory (needs checkpoint.pt and vocab.pt)")
     torch.manual_seed(cfg.seed)
     if resume and vocab_path.is_file():
         vocab = torch.load(vocab_path)
+    elif cfg.init:
+        vocab = torch.load(Path(cfg.init) / "vocab.pt")
+        atomic_save(vocab, vocab_path)
     else:
         t0 = time.perf_counter()
         it = sequences(0)
@@ -193,6 +199,9 @@ def train(cfg: TrainConfig, target: Target, sequences: Sequences, val=(), eval_p
     t2d_index = torch.full((target.vocab_size,), -1, dtype=torch.long)
     t2d_index[keep] = torch.arange(keep.numel())
     net = build_drafter(target, keep, cfg.head_init, cfg.seed)
+    if cfg.init and not (resume and ckpt_path.is_file()):
+        net.load_state_dict(torch.load(Path(cfg.init) / "checkpoint.pt", weights_only=False)["model"])
+        print(f"[train] initialised from {cfg.init}", flush=True)
     net.train()
     decay, no_decay = [], []
     for name, p in net.named_parameters():
@@ -236,6 +245,7 @@ def train(cfg: TrainConfig, target: Target, sequences: Sequences, val=(), eval_p
         ((i, ids, m) for i, ids, m in sequences(state["consumed"]) if int(m[2:].sum()) >= cfg.min_labels),
         target, keep, cfg.prefetch)
     gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + state["step"])
+    first_step = state["step"]
     t_start = time.perf_counter()
     t_last = t_log = t_start
     tok_log = state["tokens"]
@@ -298,7 +308,8 @@ def train(cfg: TrainConfig, target: Target, sequences: Sequences, val=(), eval_p
     checkpoint()
     if bar is not None:
         bar.close()
-    if progress(cfg, state["tokens"], state["wall"]) >= 1.0 or exhausted:
+    finished_now = state["step"] > first_step  # resuming a finished run adds no second final point
+    if finished_now and (progress(cfg, state["tokens"], state["wall"]) >= 1.0 or exhausted):
         curve_point(final=True)
         checkpoint()
     return net

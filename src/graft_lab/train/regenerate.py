@@ -1,0 +1,124 @@
+"""Regenerate assistant replies with the target itself, so the drafter trains on the text it will see at
+decoding time (the target's own greedy continuations), not on another model's answers:
+
+    python -m graft_lab.train.regenerate --out runs/regen.jsonl --minutes 40
+
+Prompts are ShareGPT first user turns after the validation conversations. Replies are greedy, batched with
+left padding and sorted by prompt length. Each line is {"index", "messages", "complete"}; `complete` is false
+when the reply hit --max-new-tokens without an end of turn, so its last token is not an end-of-turn label.
+The file is appended to and a rerun resumes after its last index.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+
+from ..models.target import EMBEDDED, load_model
+from .data import heldout_end, sharegpt_conversations
+
+
+def written(path: Path) -> tuple[int, int]:
+    """(replies, source index of the last one or -1) in `path`, up to the first line an interruption cut."""
+    count, last = 0, -1
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            try:
+                last = json.loads(line)["index"]
+            except (json.JSONDecodeError, KeyError):
+                break  # everything after a cut line is regenerated
+            count += 1
+    return count, last
+
+
+def prompts(tokenizer, skip: int, max_prompt_tokens: int) -> Iterator[tuple[int, list[dict], int]]:
+    """(source index, [first user turn], prompt length) for ShareGPT prompts that fit, from index `skip`."""
+    for idx, msgs in sharegpt_conversations(skip=skip):
+        first = msgs[:1]
+        if not first[0]["content"]:
+            continue
+        n = len(tokenizer.apply_chat_template(first, add_generation_prompt=True, tokenize=True, return_dict=False))
+        if n <= max_prompt_tokens:
+            yield idx, first, n
+
+
+@torch.no_grad()
+def regenerate_batch(model, tokenizer, batch: list[list[dict]], max_new_tokens: int) -> list[tuple[str, bool]]:
+    """Greedy replies for a batch of chats: (text, ended with an end of turn)."""
+    texts = [tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=False) for m in batch]
+    enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
+    eos = tokenizer.eos_token_id
+    out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=eos, eos_token_id=eos)
+    new = out[:, enc.input_ids.shape[1]:]  # [B, <= max_new_tokens]
+    replies = []
+    for row in new.tolist():
+        done = eos in row
+        replies.append((tokenizer.decode(row[: row.index(eos)] if done else row, skip_special_tokens=True), done))
+    return replies
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True, help="JSONL file to append to (resumes after its last index)")
+    ap.add_argument("--target", default=EMBEDDED)
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--heldout", type=int, default=16, help="usable conversations the trainer holds out: skipped")
+    ap.add_argument("--max-prompt-tokens", type=int, default=192)
+    ap.add_argument("--max-new-tokens", type=int, default=256)
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--sort-window", type=int, default=8, help="batches sorted together by prompt length")
+    ap.add_argument("--minutes", type=float, default=0.0, help="stop after this long (0: the whole file)")
+    ap.add_argument("--max-prompts", type=int, default=0,
+                    help="stop when the file holds this many replies, counting earlier runs (0: no limit)")
+    ap.add_argument("--threads", type=int, default=0)
+    args = ap.parse_args(argv)
+    if args.batch < 1 or args.max_new_tokens < 1:
+        ap.error("--batch and --max-new-tokens must be at least 1")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    model, tok = load_model(args.target, dtype=args.dtype)
+    tok.padding_side = "left"
+    done, last = written(out)
+    skip = max(heldout_end(args.heldout), last + 1)
+    source = prompts(tok, skip, args.max_prompt_tokens)
+    from tqdm import tqdm
+
+    bar = tqdm(unit="reply", dynamic_ncols=True, mininterval=5)
+    t0, start, new_tokens = time.time(), done, 0
+    while not (args.max_prompts and done >= args.max_prompts):
+        size = args.batch * args.sort_window
+        window = list(itertools.islice(source, min(size, args.max_prompts - done) if args.max_prompts else size))
+        if not window:
+            break
+        order = sorted(window, key=lambda r: r[2])  # similar lengths share a batch: less padding
+        results = {}
+        for i in range(0, len(order), args.batch):
+            chunk = order[i: i + args.batch]
+            for (idx, msgs, _), (text, complete) in zip(chunk, regenerate_batch(model, tok, [m for _, m, _ in chunk],
+                                                                                  args.max_new_tokens)):
+                results[idx] = (msgs, text, complete)
+                new_tokens += len(tok(text, add_special_tokens=False).input_ids)
+            bar.update(len(chunk))
+            bar.set_postfix_str(f"{new_tokens / (time.time() - t0):.0f} new tok/s")
+        with open(out, "a") as f:  # whole windows in source order, so the last index is a resume point
+            for idx in sorted(results):
+                msgs, text, complete = results[idx]
+                f.write(json.dumps({"index": idx, "messages": msgs + [{"role": "assistant", "content": text}],
+                                    "complete": complete}) + "\n")
+        done += len(window)
+        if args.minutes and time.time() - t0 > 60 * args.minutes:
+            break
+    bar.close()
+    print(f"[regenerate] {done - start} new replies ({done} in the file), {new_tokens} new tokens in {time.time() - t0:.0f} s -> {out}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
