@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import json
 import time
 from pathlib import Path
@@ -18,7 +19,7 @@ from pathlib import Path
 import torch
 
 from ..models.target import EMBEDDED, Target, load_model
-from .data import mtbench_prompts, regenerated_conversations, render, sharegpt_conversations
+from .data import heldout_end, mtbench_prompts, regenerated_conversations, render, sharegpt_conversations
 from .loop import TrainConfig, build_drafter, export, train
 
 
@@ -84,12 +85,9 @@ def main(argv=None) -> None:
         net.load_state_dict(ck["model"])
         print(export(net, args.export or Path(cfg.out) / "export", target), json.dumps(ck["state"]))
         return
-    val, val_end = [], 0  # held out: the first `val_sequences` usable conversations; training starts after them
-    for idx, msgs in sharegpt_conversations():
-        if len(val) >= args.val_sequences:
-            break
-        val.append(render(tok, msgs, args.max_len))
-        val_end = idx + 1
+    # held out: the first `val_sequences` usable conversations; training starts after them
+    val = [render(tok, msgs, args.max_len) for _, msgs in itertools.islice(sharegpt_conversations(), args.val_sequences)]
+    val_end = heldout_end(args.val_sequences)
 
     def sequences(skip: int):
         if args.data != "sharegpt":

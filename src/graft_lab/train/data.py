@@ -94,10 +94,12 @@ def mtbench_questions() -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def user_prompt(tokenizer, text: str) -> torch.Tensor:
+    """One user turn rendered with the chat template and the assistant header: prompt ids [T]."""
+    msgs = [{"role": "user", "content": text}]
+    return torch.tensor(tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True, return_dict=False))
+
+
 def mtbench_prompts(tokenizer, n: int | None = None) -> list[torch.Tensor]:
-    """First turns of MT-Bench, rendered with the chat template and the assistant header."""
-    out = []
-    for q in mtbench_questions()[:n]:
-        msgs = [{"role": "user", "content": q["turns"][0]}]
-        out.append(torch.tensor(tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True, return_dict=False)))
-    return out
+    """First turns of MT-Bench as prompts."""
+    return [user_prompt(tokenizer, q["turns"][0]) for q in mtbench_questions()[:n]]

@@ -59,15 +59,13 @@ def labelled_prompts(tokenizer, questions: int, spec_bench: str | None, per_cate
     """(category, prompt ids): the first `questions` MT-Bench first turns (category "mt_bench"), then the first
     `per_category` first turns of each Spec-Bench category."""
     from ..data.base import DATASETS
-    from .data import mtbench_prompts
+    from .data import mtbench_prompts, user_prompt
 
     out = [("mt_bench", p) for p in (mtbench_prompts(tokenizer, questions) if questions else [])]
     if spec_bench:
         for q in DATASETS.build({"name": "spec_bench", "path": spec_bench, "per_category": per_category,
                                  "first_turn_only": True}):
-            msgs = [{"role": "user", "content": q.turns[0]}]
-            ids = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True, return_dict=False)
-            out.append((q.category, torch.tensor(ids)))
+            out.append((q.category, user_prompt(tokenizer, q.turns[0])))
     return out
 
 

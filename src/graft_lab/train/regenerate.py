@@ -49,8 +49,8 @@ def prompts(tokenizer, skip: int, max_prompt_tokens: int) -> Iterator[tuple[int,
 
 
 @torch.no_grad()
-def regenerate_batch(model, tokenizer, batch: list[list[dict]], max_new_tokens: int) -> list[tuple[str, bool]]:
-    """Greedy replies for a batch of chats: (text, ended with an end of turn)."""
+def regenerate_batch(model, tokenizer, batch: list[list[dict]], max_new_tokens: int) -> list[tuple[str, bool, int]]:
+    """Greedy replies for a batch of chats: (text, ended with an end of turn, reply tokens)."""
     texts = [tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=False) for m in batch]
     enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
     eos = tokenizer.eos_token_id
@@ -59,7 +59,8 @@ def regenerate_batch(model, tokenizer, batch: list[list[dict]], max_new_tokens: 
     replies = []
     for row in new.tolist():
         done = eos in row
-        replies.append((tokenizer.decode(row[: row.index(eos)] if done else row, skip_special_tokens=True), done))
+        reply = row[: row.index(eos)] if done else row
+        replies.append((tokenizer.decode(reply, skip_special_tokens=True), done, len(reply)))
     return replies
 
 
@@ -102,10 +103,10 @@ def main(argv=None) -> None:
         results = {}
         for i in range(0, len(order), args.batch):
             chunk = order[i: i + args.batch]
-            for (idx, msgs, _), (text, complete) in zip(chunk, regenerate_batch(model, tok, [m for _, m, _ in chunk],
-                                                                                  args.max_new_tokens)):
+            replies = regenerate_batch(model, tok, [m for _, m, _ in chunk], args.max_new_tokens)
+            for (idx, msgs, _), (text, complete, n) in zip(chunk, replies):
                 results[idx] = (msgs, text, complete)
-                new_tokens += len(tok(text, add_special_tokens=False).input_ids)
+                new_tokens += n
             bar.update(len(chunk))
             bar.set_postfix_str(f"{new_tokens / (time.time() - t0):.0f} new tok/s")
         with open(out, "a") as f:  # whole windows in source order, so the last index is a resume point
