@@ -33,15 +33,18 @@ bench: $(STAMP)
 	$(BIN)/python -m benchmarks $(ARGS)
 
 # The shipped drafter's recipe, resumable at every stage: ShareGPT (stage 1), the target's own greedy replies to
-# ShareGPT prompts, then those replies (stage 2). MODEL_CARD.md gives each stage's time on 2 cores.
+# ShareGPT prompts, then those replies (stage 2), then fresh ShareGPT interleaved with them (stage 3).
+# MODEL_CARD.md gives each stage's time on 2 cores.
 RUNS          ?= runs
 REGEN_PROMPTS ?= 4096
+REGEN         := $(RUNS)/regen/sharegpt_greedy.jsonl
 drafter: $(STAMP)
 	$(BIN)/python -m graft_lab.train --config conf/train/smollm2.yaml --out $(RUNS)/smollm2-eagle3 --resume
-	$(BIN)/python -m graft_lab.train.regenerate --out $(RUNS)/regen/sharegpt_greedy.jsonl --max-prompts $(REGEN_PROMPTS) --threads 2
+	$(BIN)/python -m graft_lab.train.regenerate --out $(REGEN) --max-prompts $(REGEN_PROMPTS) --threads 2
 	$(BIN)/python -m graft_lab.train --config conf/train/smollm2_regen.yaml --init $(RUNS)/smollm2-eagle3 \
-		--data $(RUNS)/regen/sharegpt_greedy.jsonl --out $(RUNS)/smollm2-eagle3-regen --resume \
-		--export $(RUNS)/smollm2-eagle3-regen/export
+		--data $(REGEN) --out $(RUNS)/smollm2-eagle3-regen --resume
+	$(BIN)/python -m graft_lab.train --config conf/train/smollm2_mix.yaml --init $(RUNS)/smollm2-eagle3-regen \
+		--data sharegpt --data $(REGEN) --out $(RUNS)/smollm2-eagle3-mix --resume --export $(RUNS)/smollm2-eagle3-mix/export
 
 pareto: $(STAMP)
 	$(BIN)/python -m graft_lab.plot pareto $(ARGS)

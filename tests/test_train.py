@@ -178,6 +178,25 @@ def test_regenerate_then_train_from_a_run(tmp_path):
     assert torch.equal(torch.load(tmp_path / "run1" / "vocab.pt")["keep"], torch.load(tmp_path / "run2" / "vocab.pt")["keep"])
     with pytest.raises(FileNotFoundError, match="not a training run"):
         train_main(base + ["--out", str(tmp_path / "run3"), "--init", str(tmp_path / "nothing")])
+    # stage three: fresh ShareGPT interleaved with the own replies
+    train_main(base + ["--out", str(tmp_path / "run4"), "--init", str(tmp_path / "run2"), "--data", "sharegpt",
+                       "--data", str(regen), "--epochs", "5", "--sharegpt-skip", "100"])
+    assert torch.load(tmp_path / "run4" / "checkpoint.pt", weights_only=False)["state"]["consumed"] >= 2
+    with pytest.raises(SystemExit, match="neither 'sharegpt' nor a file"):
+        train_main(base + ["--out", str(tmp_path / "run5"), "--data", str(tmp_path / "missing.jsonl")])
+
+
+def test_interleave_resumes_every_source_where_it_stopped():
+    from graft_lab.train.data import interleave
+
+    def source(name, n):
+        return lambda start: (([name, i], True) for i in range(start, n))
+
+    full = [(p, msgs) for p, msgs, _ in interleave([source("a", 4), source("b", 9)])]
+    assert [m for _, m in full] == [["a", 0], ["b", 0], ["a", 1], ["b", 1], ["a", 2], ["b", 2], ["a", 3], ["b", 3]]
+    assert [p for p, _ in full] == list(range(8))  # stops with the first source that runs out
+    for skip in range(9):
+        assert [(p, m) for p, m, _ in interleave([source("a", 4), source("b", 9)], skip)] == full[skip:]
 
 
 def test_evaluate_cli_reports_tau_per_category(tmp_path, capsys):

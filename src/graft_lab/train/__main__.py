@@ -3,6 +3,7 @@
     python -m graft_lab.train --config conf/train/smollm2.yaml --out runs/smollm2-eagle3 [--resume]
     python -m graft_lab.train --out runs/smollm2-eagle3 --export-only --export DIR   # checkpoint -> official format
     python -m graft_lab.train --config conf/train/smollm2_regen.yaml --out RUN2 --init RUN  # stage 2: own replies
+    python -m graft_lab.train --config conf/train/smollm2_mix.yaml --out RUN3 --init RUN2   # stage 3: fresh ShareGPT + own replies
 
 Any TrainConfig field is a flag (--max-tokens 5000000, --labels hard, ...); a YAML --config gives defaults.
 """
@@ -19,7 +20,7 @@ from pathlib import Path
 import torch
 
 from ..models.target import EMBEDDED, Target, load_model
-from .data import heldout_end, mtbench_prompts, regenerated_conversations, render, sharegpt_conversations
+from .data import interleave, mtbench_prompts, regenerated_source, render, sharegpt_conversations, sharegpt_source
 from .loop import TrainConfig, build_drafter, export, train
 
 
@@ -39,9 +40,12 @@ def parse(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", help="YAML file of defaults for any flag below")
     ap.add_argument("--target", default=EMBEDDED)
-    ap.add_argument("--data", default="sharegpt",
-                    help="sharegpt, or a JSONL written by `python -m graft_lab.train.regenerate` (the target's own replies)")
+    ap.add_argument("--data", action="append",
+                    help="sharegpt (default), or a JSONL written by `python -m graft_lab.train.regenerate` (the target's "
+                         "own replies); repeat it to interleave sources one conversation each in turn")
     ap.add_argument("--epochs", type=int, default=1, help="passes over a --data JSONL")
+    ap.add_argument("--sharegpt-skip", type=int, default=0,
+                    help="skip this many ShareGPT training conversations (those an earlier stage trained on)")
     ap.add_argument("--target-dtype", default="bfloat16", help="dtype of the target's feature prefill")
     ap.add_argument("--max-len", type=int, default=1024, help="tokens per rendered conversation (truncated)")
     ap.add_argument("--val-sequences", type=int, default=16, help="held-out conversations (the file's first)")
@@ -70,8 +74,10 @@ def parse(argv=None):
 
 def main(argv=None) -> None:
     args = parse(argv)
-    if args.data != "sharegpt" and not Path(args.data).is_file():
-        raise SystemExit(f"--data: {args.data} is neither 'sharegpt' nor a file (write one with python -m graft_lab.train.regenerate)")
+    data = list(args.data or ["sharegpt"])
+    for d in data:
+        if d != "sharegpt" and not Path(d).is_file():
+            raise SystemExit(f"--data: {d} is neither 'sharegpt' nor a file (write one with python -m graft_lab.train.regenerate)")
     if args.threads:
         torch.set_num_threads(args.threads)
     cfg = TrainConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig) if f.name != "extra"})
@@ -87,16 +93,12 @@ def main(argv=None) -> None:
         return
     # held out: the first `val_sequences` usable conversations; training starts after them
     val = [render(tok, msgs, args.max_len) for _, msgs in itertools.islice(sharegpt_conversations(), args.val_sequences)]
-    val_end = heldout_end(args.val_sequences)
+    sources = [sharegpt_source(args.val_sequences + args.sharegpt_skip) if d == "sharegpt"
+               else regenerated_source(Path(d), args.epochs) for d in data]
 
     def sequences(skip: int):
-        if args.data != "sharegpt":
-            for pos, msgs, complete in regenerated_conversations(Path(args.data), skip, args.epochs):
-                yield (pos, *render(tok, msgs, args.max_len, complete))
-            return
-        for idx, msgs in sharegpt_conversations(skip=val_end + skip):
-            ids, mask = render(tok, msgs, args.max_len)
-            yield idx - val_end, ids, mask
+        for pos, msgs, complete in interleave(sources, skip):
+            yield (pos, *render(tok, msgs, args.max_len, complete))
     prompts = mtbench_prompts(tok, args.eval_questions) if args.eval_questions else []
     t0 = time.time()
     net = train(cfg, target, sequences, val, prompts, eos, resume=args.resume)

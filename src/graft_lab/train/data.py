@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -52,6 +53,38 @@ def regenerated_conversations(path: Path, skip: int = 0, epochs: int = 1) -> Ite
     for pos in range(skip, epochs * len(rows)):
         row = rows[pos % len(rows)]
         yield pos, row["messages"], bool(row.get("complete", True))
+
+
+Source = Callable[[int], Iterator[tuple[list[dict], bool]]]  # items to skip -> (messages, complete)
+
+
+def sharegpt_source(skip: int, path: Path | None = None) -> Source:
+    """ShareGPT conversations after the first `skip` usable ones (the held-out ones and any an earlier stage used)."""
+    def items(start: int):
+        for _, msgs in itertools.islice(sharegpt_conversations(path), skip + start, None):
+            yield msgs, True
+    return items
+
+
+def regenerated_source(path: Path, epochs: int) -> Source:
+    """The target's own replies from a `graft_lab.train.regenerate` file, `epochs` passes."""
+    def items(start: int):
+        for _, msgs, complete in regenerated_conversations(path, start, epochs):
+            yield msgs, complete
+    return items
+
+
+def interleave(sources: list[Source], skip: int = 0) -> Iterator[tuple[int, list[dict], bool]]:
+    """(position, messages, complete) taking one item from each source in turn, from position `skip`: position p
+    is item p // n of source p % n, so a resumed run continues every source where it stopped. Ends with the
+    first source that runs out."""
+    n = len(sources)
+    its = [src(skip // n + (j < skip % n)) for j, src in enumerate(sources)]
+    for pos in itertools.count(skip):
+        item = next(its[pos % n], None)
+        if item is None:
+            return
+        yield pos, *item
 
 
 def heldout_end(n: int, path: Path | None = None) -> int:

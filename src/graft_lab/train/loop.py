@@ -21,7 +21,7 @@ from .features import target_features
 from .ttt import ttt_loss
 from .vocab import count_labels, coverage, draft_vocab, maps
 
-Sequences = Callable[[int], Iterator[tuple[int, torch.Tensor, torch.Tensor]]]  # skip -> (index, ids, mask)
+Sequences = Callable[[int], Iterator[tuple[int, torch.Tensor, torch.Tensor]]]  # skip -> (position, ids, mask)
 
 
 @dataclass
@@ -173,7 +173,7 @@ def validate(net, target, val, keep, t2d_index, cfg) -> dict:
 def train(cfg: TrainConfig, target: Target, sequences: Sequences, val=(), eval_prompts=(), eos_ids=(),
           resume: bool = False) -> Eagle3Model:
     """Train (or resume) a drafter for `target`; returns the network. `sequences(skip)` streams training
-    (index, ids [T], assistant mask [T]) from source index `skip`."""
+    (position, ids [T], assistant mask [T]) from stream position `skip`."""
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     ckpt_path, vocab_path = out / "checkpoint.pt", out / "vocab.pt"
@@ -217,7 +217,7 @@ def train(cfg: TrainConfig, target: Target, sequences: Sequences, val=(), eval_p
         if cfg.eval_every_tokens:  # the evaluation interval may change on resume
             state["next_eval"] = min(state["next_eval"], (state["tokens"] // cfg.eval_every_tokens + 1) * cfg.eval_every_tokens)
         torch.set_rng_state(ck["rng"])
-        print(f"[train] resumed at step {state['step']}, {state['tokens']} tokens, source index {state['consumed']}", flush=True)
+        print(f"[train] resumed at step {state['step']}, {state['tokens']} tokens, stream position {state['consumed']}", flush=True)
 
     def checkpoint():
         atomic_save({"model": net.state_dict(), "opt": opt.state_dict(), "state": state, "rng": torch.get_rng_state(),
