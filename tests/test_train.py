@@ -221,3 +221,15 @@ def test_evaluate_cli_reports_tau_per_category(tmp_path, capsys):
     with pytest.raises(SystemExit):
         evaluate_main(["--drafter", str(drafter), "--target", tgt, "--trees", "bushy"])
     assert "valid: dense, chain" in capsys.readouterr().err
+
+
+def test_data_sources_from_config_or_command_line(tmp_path):
+    """A config may list the sources; --data on the command line replaces them (it does not append)."""
+    from graft_lab.train.__main__ import parse
+
+    cfg = tmp_path / "stage.yaml"
+    cfg.write_text("data: [sharegpt, replies.jsonl]\nsharegpt_skip: 7\n")
+    assert parse(["--out", "x"]).data == ["sharegpt"]
+    assert parse(["--config", str(cfg), "--out", "x"]).data == ["sharegpt", "replies.jsonl"]
+    args = parse(["--config", str(cfg), "--out", "x", "--data", "other.jsonl"])
+    assert args.data == ["other.jsonl"] and args.sharegpt_skip == 7

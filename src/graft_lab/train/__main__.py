@@ -68,14 +68,16 @@ def parse(argv=None):
     bad = [k for k in defaults if k.replace("-", "_") not in known_dests]
     if bad:
         ap.error(f"unknown keys in {known.config}: {bad}")
+    data = defaults.pop("data", ["sharegpt"])  # --data on the command line replaces the config's sources
     ap.set_defaults(**{k.replace("-", "_"): (tuple(v) if isinstance(v, list) else v) for k, v in defaults.items()})
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    args.data = args.data or ([data] if isinstance(data, str) else list(data))
+    return args
 
 
 def main(argv=None) -> None:
     args = parse(argv)
-    data = list(args.data or ["sharegpt"])
-    for d in data:
+    for d in args.data:
         if d != "sharegpt" and not Path(d).is_file():
             raise SystemExit(f"--data: {d} is neither 'sharegpt' nor a file (write one with python -m graft_lab.train.regenerate)")
     if args.threads:
@@ -94,7 +96,7 @@ def main(argv=None) -> None:
     # held out: the first `val_sequences` usable conversations; training starts after them
     val = [render(tok, msgs, args.max_len) for _, msgs in itertools.islice(sharegpt_conversations(), args.val_sequences)]
     sources = [sharegpt_source(args.val_sequences + args.sharegpt_skip) if d == "sharegpt"
-               else regenerated_source(Path(d), args.epochs) for d in data]
+               else regenerated_source(Path(d), args.epochs) for d in args.data]
 
     def sequences(skip: int):
         for pos, msgs, complete in interleave(sources, skip):

@@ -1,4 +1,5 @@
-"""Training and evaluation text: ShareGPT (streamed, the file is cut off at the end) and MT-Bench prompts."""
+"""Training and evaluation text: ShareGPT (streamed, the file is cut off at the end), the target's own replies,
+sources interleaved for training, and MT-Bench prompts."""
 
 from __future__ import annotations
 
