@@ -33,7 +33,8 @@ bench: $(STAMP)
 	$(BIN)/python -m benchmarks $(ARGS)
 
 # The shipped drafter's recipe, resumable at every stage: ShareGPT (stage 1), the target's own greedy replies to
-# ShareGPT prompts, then those replies (stage 2), then fresh ShareGPT interleaved with them (stage 3).
+# ShareGPT prompts, then those replies (stage 2), then fresh ShareGPT interleaved with them (stage 3) until ShareGPT
+# runs out (stage 4), then a second, annealing pass over ShareGPT with them (stage 5).
 # MODEL_CARD.md gives each stage's time on 2 cores.
 RUNS          ?= runs
 REGEN_PROMPTS ?= 4096
@@ -44,7 +45,13 @@ drafter: $(STAMP)
 	$(BIN)/python -m graft_lab.train --config conf/train/smollm2_regen.yaml --init $(RUNS)/smollm2-eagle3 \
 		--data $(REGEN) --out $(RUNS)/smollm2-eagle3-regen --resume
 	$(BIN)/python -m graft_lab.train --config conf/train/smollm2_mix.yaml --init $(RUNS)/smollm2-eagle3-regen \
-		--data sharegpt --data $(REGEN) --out $(RUNS)/smollm2-eagle3-mix --resume --export $(RUNS)/smollm2-eagle3-mix/export
+		--data sharegpt --data $(REGEN) --out $(RUNS)/smollm2-eagle3-mix --resume
+	$(BIN)/python -m graft_lab.train --config conf/train/smollm2_mix.yaml --init $(RUNS)/smollm2-eagle3-mix \
+		--data sharegpt --data $(REGEN) --sharegpt-skip 8811 --lr 3e-4 --max-minutes 100 --seed 3 \
+		--out $(RUNS)/smollm2-eagle3-mix2 --resume
+	$(BIN)/python -m graft_lab.train --config conf/train/smollm2_mix.yaml --init $(RUNS)/smollm2-eagle3-mix2 \
+		--data sharegpt --data $(REGEN) --sharegpt-skip 0 --lr 1.5e-4 --max-minutes 45 --seed 4 \
+		--out $(RUNS)/smollm2-eagle3-mix3 --resume --export $(RUNS)/smollm2-eagle3-mix3/export
 
 pareto: $(STAMP)
 	$(BIN)/python -m graft_lab.plot pareto $(ARGS)
