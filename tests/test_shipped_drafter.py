@@ -70,3 +70,26 @@ def test_shipped_drafter_reaches_tau(dense_run):
     tau = dense_run[0]
     print(f"shipped drafter: tau {tau:.3f}")
     assert tau >= TAU_MIN, f"tau {tau:.3f} < {TAU_MIN}"
+
+
+def test_shipped_drafter_cuts_stop_strings_like_generate(smollm2):
+    """Real acceptance (several tokens per step) with stop strings: output equals generate(stop_strings=...)."""
+    from graft_lab.stopping import StopStrings
+
+    drafter = build_eagle3(Eagle3Options(path=str(SHIPPED), depth=7, top_k=10), smollm2)
+    method = Method(drafter, NoPruner(), NoRetriever(), graft_root, 60)
+    eos = smollm2.tokenizer.eos_token_id
+    cut_inside = 0
+    for prompt in mtbench_prompts(smollm2.tokenizer, 3):
+        free = generate(smollm2, method, prompt, SamplingParams(), StopRule(64, (eos,))).tokens
+        text = smollm2.tokenizer.decode(free)
+        for strings in ([text[40:43]], [text[70:72], "\n\n"], [". ", "zzqx"]):
+            strings = [s for s in strings if s] or ["e"]
+            ref = smollm2.model.generate(prompt[None], max_new_tokens=64, do_sample=False, eos_token_id=eos,
+                                         pad_token_id=eos, attention_mask=torch.ones_like(prompt[None]),
+                                         stop_strings=strings, tokenizer=smollm2.tokenizer)[0, prompt.numel():].tolist()
+            gen = generate(smollm2, method, prompt, SamplingParams(),
+                           StopRule(64, (eos,), StopStrings(smollm2.tokenizer, tuple(strings))))
+            assert gen.tokens == ref, strings
+            cut_inside += sum(s.accept_length for s in gen.steps) > len(gen.tokens)  # the last step was cut
+    assert cut_inside >= 2  # the cut really fell inside accepted steps

@@ -18,6 +18,7 @@ from .metrics import PhaseTimer, StepRecord
 from .models.target import Target
 from .pruners.base import Pruner
 from .retrievers.base import Retriever
+from .stopping import StopRule
 from .verify import SamplingParams, accept, target_probs
 
 
@@ -30,13 +31,6 @@ class Method:
     retriever: Retriever
     graft: Graft
     budget: int
-
-
-@dataclass
-class StopRule:
-    max_new_tokens: int = 128
-    eos_ids: tuple[int, ...] = ()
-    stop_strings: tuple[str, ...] = ()
 
 
 @dataclass
@@ -62,9 +56,8 @@ def generate(
     params: SamplingParams,
     stop: StopRule,
     generator: torch.Generator | None = None,
-    decode_text=None,
 ) -> Generation:
-    """Generate from `prompt` ([S] ids) until a stop rule fires. `decode_text(ids) -> str` enables stop strings."""
+    """Generate from `prompt` ([S] ids) until a stop rule fires; a step that overshoots one is cut where AR stops."""
     if prompt.numel() + 1 > target.max_context:
         raise ContextLimitError(f"the prompt has {prompt.numel()} tokens; the target's context is {target.max_context}")
     limit = min(prompt.numel() + stop.max_new_tokens + method.budget, target.max_context)
@@ -78,8 +71,10 @@ def generate(
         root = first_token(out.logits[-1], params, generator)
         method.retriever.extend(prompt.new_tensor([root]))
     gen = Generation(tokens=[root], prefill_s=timer.total("prefill"))
+    context = prompt.tolist() if stop.stop_strings else []  # a stop string may start inside the prompt
     pairs = DraftInput(out.aux, torch.cat([prompt[1:], prompt.new_tensor([root])]), start=0)
-    while (reason := stop_reason(gen.tokens, len(pairs.next_tokens), stop, decode_text, cache.length + method.budget, limit)) is None:
+    hit = stop.first_stop(context, gen.tokens, 1)
+    while hit is None and cache.length + method.budget <= limit:
         timer.reset()
         start = cache.length  # position of the root
         with timer.phase("draft"):
@@ -100,31 +95,6 @@ def generate(
         pairs = DraftInput(out.aux[acc.path] if want_aux else None, new, start=start)
         gen.tokens.extend(new.tolist())
         gen.steps.append(StepRecord.of(tree, acc.path, timer))
-    gen.stop_reason = reason
-    gen.tokens = truncate(gen.tokens, stop)
+        hit = stop.first_stop(context, gen.tokens, new.numel())  # EOS, length or a stop string inside the step
+    gen.tokens, gen.stop_reason = (gen.tokens[: hit.length], hit.reason) if hit else (gen.tokens, "context")
     return gen
-
-
-def stop_reason(tokens: list[int], n_new: int, stop: StopRule, decode_text, needed: int, limit: int) -> str | None:
-    """Why generation ends now, or None; `n_new` is how many tokens the last step emitted."""
-    if any(t in stop.eos_ids for t in tokens[-n_new:]):
-        return "eos"
-    if len(tokens) >= stop.max_new_tokens:
-        return "length"
-    if stop.stop_strings and decode_text is not None:
-        tail = decode_text(tokens[-64:])
-        if any(s in tail for s in stop.stop_strings):
-            return "stop_string"
-    if needed > limit:
-        return "context"
-    return None
-
-
-def truncate(tokens: list[int], stop: StopRule) -> list[int]:
-    """Drop anything past the first EOS (kept) and past max_new_tokens: a step may overshoot both."""
-    for i, t in enumerate(tokens):
-        if t in stop.eos_ids:
-            tokens = tokens[: i + 1]
-            break
-    return tokens[: stop.max_new_tokens]
-

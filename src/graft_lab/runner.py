@@ -24,6 +24,7 @@ from .metrics import TurnStats, aggregate, peak_memory_mb
 from .models.target import Target, load_model
 from .pruners import PRUNERS, NoPruner
 from .retrievers import RETRIEVERS, NoRetriever
+from .stopping import StopStrings
 from .verify import SamplingParams
 
 
@@ -70,12 +71,11 @@ def eos_ids(target: Target) -> tuple[int, ...]:
 
 def timed(target: Target, method: Method, prompt, params, stop, generator) -> tuple[Generation, TurnStats]:
     sync = torch.cuda.synchronize if target.device.type == "cuda" else (lambda: None)
-    decode_text = (lambda ids: target.tokenizer.decode(ids)) if stop.stop_strings else None
     if target.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(target.device)
     sync()
     t0 = time.perf_counter()
-    gen = generate(target, method, prompt, params, stop, generator, decode_text)
+    gen = generate(target, method, prompt, params, stop, generator)
     sync()
     wall = time.perf_counter() - t0
     return gen, TurnStats.of(gen.tokens, gen.steps, gen.prefill_s, wall, peak_memory_mb(target.device))
@@ -83,7 +83,8 @@ def timed(target: Target, method: Method, prompt, params, stop, generator) -> tu
 
 def answer_question(target, method, baseline, q: Question, run: RunConfig, model_id: str, generator) -> tuple[dict, list, list]:
     params = SamplingParams(run.gen.temperature, run.gen.top_p, run.gen.top_k)
-    stop = StopRule(run.gen.max_new_tokens, eos_ids(target), tuple(run.gen.stop_strings))
+    strings = StopStrings(target.tokenizer, tuple(run.gen.stop_strings)) if run.gen.stop_strings else None
+    stop = StopRule(run.gen.max_new_tokens, eos_ids(target), strings)
     messages: list[dict[str, str]] = []
     turns, stats, base_stats, texts, ids, matches = [], [], [], [], [], []
     for turn in q.turns:
