@@ -25,12 +25,8 @@ from tqdm.auto import tqdm
 
 from graft_lab.data import DATASETS
 from graft_lab.decode import Method, StopRule
-from graft_lab.drafters import DRAFTERS
 from graft_lab.drafters.eagle3_checkpoint import ASSETS, BUILTIN
-from graft_lab.graft import graft_root
 from graft_lab.models.target import EMBEDDED, Target, load_model
-from graft_lab.pruners import NoPruner
-from graft_lab.retrievers import NoRetriever
 from graft_lab.runner import ar_method, chat_prompt, eos_ids, timed
 from graft_lab.verify import SamplingParams
 
@@ -65,19 +61,12 @@ def engine_decoder(target: Target, method: Method, stop: StopRule) -> Decoder:
     return lambda prompt: timed(target, method, prompt, SamplingParams(), stop, None)[0].tokens
 
 
-def graft_methods(target: Target, drafter: str | None, budget: int) -> list[tuple[str, Method]]:
-    """benchmarks/methods.py's table (retrieval alone, dyn_depth, Graft modes) when that module exists."""
-    try:
-        from benchmarks import methods
-    except ImportError:
-        return []
-    from omegaconf import OmegaConf
+def preset_methods(target: Target, drafter: str | None, budget: int) -> list[tuple[str, Method]]:
+    """benchmarks/methods.py's presets (dense EAGLE-3, retrieval alone, dyn_depth, Graft modes) at budget K."""
+    from benchmarks import methods
 
-    conf = Path(__file__).resolve().parent.parent / "conf"
-    pruner, retriever = (OmegaConf.to_container(OmegaConf.load(conf / g / f"{n}.yaml"))
-                         for g, n in (("pruner", "dyn_depth"), ("retriever", "ngram")))
-    specs = [s for s in methods.specs(pruner, retriever) if (drafter or not s.eagle3) and s.name != "eagle3 dense"]
-    return [(f"{s.name} K={budget}", methods.build(s, target, drafter, budget)) for s in specs]
+    names = [m for m in methods.METHODS if drafter or not methods.needs_drafter(m)]
+    return [(f"{m} K={budget}", methods.build(m, target, drafter, budget, ())) for m in names]
 
 
 def build_rows(target: Target, args, stop: StopRule) -> list[Row]:
@@ -85,11 +74,7 @@ def build_rows(target: Target, args, stop: StopRule) -> list[Row]:
     rows = [Row("HF generate (AR)", hf_decoder(target, args.max_new_tokens, eos)),
             Row("HF prompt lookup", hf_decoder(target, args.max_new_tokens, eos, prompt_lookup_num_tokens=10)),
             Row("graft-lab AR", engine_decoder(target, ar_method(), stop))]
-    if args.drafter:
-        dense = Method(DRAFTERS.build({"name": "eagle3", "path": args.drafter, "depth": 7, "top_k": 10}, target=target),
-                       NoPruner(), NoRetriever(), graft_root, args.budget)
-        rows.append(Row(f"EAGLE-3 dense K={args.budget}", engine_decoder(target, dense, stop)))
-    rows += [Row(name, engine_decoder(target, m, stop)) for name, m in graft_methods(target, args.drafter, args.budget)]
+    rows += [Row(name, engine_decoder(target, m, stop)) for name, m in preset_methods(target, args.drafter, args.budget)]
     return rows
 
 

@@ -19,23 +19,18 @@ from __future__ import annotations
 import argparse
 import json
 from collections import defaultdict
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
-from omegaconf import OmegaConf
 from tqdm.auto import tqdm
 
 from graft_lab.data import DATASETS, Question
 from graft_lab.decode import Method, StopRule
-from graft_lab.drafters import DRAFTERS
 from graft_lab.drafters.eagle3_checkpoint import ASSETS
-from graft_lab.drafters.none import NoDrafter
-from graft_lab.graft import GRAFTS
 from graft_lab.metrics import TurnStats, aggregate
 from graft_lab.models.target import EMBEDDED, Target, load_model
-from graft_lab.pruners import PRUNERS
-from graft_lab.retrievers import RETRIEVERS
+from graft_lab.presets import build_preset, preset
 from graft_lab.runner import ar_method, chat_prompt, eos_ids, timed
 from graft_lab.verify import SamplingParams
 
@@ -45,46 +40,17 @@ AR = ("AR", 1)
 SPEC_BENCH = ["translation", "summarization", "qa", "math_reasoning", "rag"]
 
 
-@dataclass(frozen=True)
-class Spec:
-    """One row of the table: which parts make the method (config nodes, as in conf/)."""
-
-    name: str
-    eagle3: bool
-    pruner: dict
-    retriever: dict
-    graft: str = "root"
+METHODS = ["pld", "recycle", "eagle3_dense", "dyn_depth", "graft_root", "graft_tail", "graft_match"]  # conf/method/
 
 
-def specs(pruner: dict, retriever: dict) -> list[Spec]:
-    none = {"name": "none"}
-    return [
-        Spec("ngram", False, none, {"name": "ngram"}),
-        Spec("recycle", False, none, {"name": "recycle"}),
-        Spec("eagle3 dense", True, none, none),
-        Spec("dyn_depth", True, pruner, none),
-        *(Spec(f"graft {g}", True, pruner, retriever, g) for g in ("root", "tail", "match")),
-    ]
+def needs_drafter(name: str) -> bool:
+    return preset(name)[0].method.parts.get("drafter", "none") != "none"
 
 
-def tree_shape(budget: int) -> tuple[int, int]:
-    """(depth, top_k) of the conf/tree preset with this K; otherwise EAGLE's 7 x 10, narrowed for small K so
-    the drafter does not grow levels the budget cannot keep."""
-    for f in sorted((ROOT / "conf" / "tree").glob("*.yaml")):
-        node = OmegaConf.load(f)
-        if node.total_tokens == budget:
-            return node.get("depth", 7), node.get("top_k", 10)
-    return max(1, min(7, budget - 1)), max(1, min(10, budget // 4))
-
-
-def build(spec: Spec, target: Target, drafter_path: str, budget: int) -> Method:
-    retriever = RETRIEVERS.build(spec.retriever, vocab_size=target.vocab_size, device=target.device)
-    if spec.eagle3:
-        depth, top_k = tree_shape(budget)
-        drafter = DRAFTERS.build({"name": "eagle3", "path": drafter_path, "depth": depth, "top_k": top_k}, target=target)
-    else:
-        drafter = NoDrafter()
-    return Method(drafter, PRUNERS.build(spec.pruner), retriever, GRAFTS.build({"name": spec.graft}, retriever=retriever), budget)
+def build(name: str, target: Target, drafter_path: str | None, budget: int, overrides: tuple[str, ...]) -> Method:
+    """The method exactly as `python run.py method=NAME` builds it, at budget K (shape: tree_shape(K))."""
+    extra = (*overrides, f"drafter.path={drafter_path}") if drafter_path and needs_drafter(name) else overrides
+    return build_preset(target, name, budget, extra)
 
 
 def interleave(questions: list[tuple[str, Question]]) -> list[tuple[str, Question]]:
@@ -172,10 +138,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--drafter", default=SHIPPED if (ASSETS / SHIPPED.removeprefix("builtin:")).is_dir() else None,
                     help="EAGLE-3 checkpoint (default: the shipped one, if present); without one the EAGLE-3 rows are skipped")
-    ap.add_argument("--pruner", default=str(ROOT / "conf" / "pruner" / "dyn_depth.yaml"), help="dyn_depth config file")
-    ap.add_argument("--retriever", default=str(ROOT / "conf" / "retriever" / "recycle.yaml"), help="Graft's retriever config file")
+    ap.add_argument("--override", nargs="*", default=[], help="run.py overrides for every method, e.g. retriever=ngram pruner.thresholds=[0.5,0.3,0.1]")
     ap.add_argument("--ks", type=int, nargs="+", default=[60, 32, 16], help="budgets K")
-    ap.add_argument("--methods", nargs="+", default=None, help="only these rows (names as printed, e.g. 'eagle3 dense' 'graft root')")
+    ap.add_argument("--methods", nargs="+", default=METHODS, help=f"method presets (conf/method/), default: {' '.join(METHODS)}")
     ap.add_argument("--mt-bench", type=int, default=80, help="MT-Bench first turns")
     ap.add_argument("--spec-bench", default=None, help="Spec-Bench question.jsonl: adds its 5 categories")
     ap.add_argument("--per-category", type=int, default=10, help="Spec-Bench questions per category")
@@ -201,11 +166,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
     model, tokenizer = load_model(EMBEDDED, dtype=args.dtype, device=args.device)
     target = Target(model, tokenizer)
     target.use_attention(args.attn if args.attn != "auto" else ("triton" if target.device.type == "cuda" else "sdpa"))
-    pruner, retriever = (OmegaConf.to_container(OmegaConf.load(p)) for p in (args.pruner, args.retriever))
-    table = [s for s in specs(pruner, retriever) if (args.drafter or not s.eagle3) and (not args.methods or s.name in args.methods)]
+    table = [m for m in args.methods if args.drafter or not needs_drafter(m)]
     if not args.drafter:
         print("no EAGLE-3 drafter (pass --drafter PATH): skipping the EAGLE-3, dyn_depth and Graft rows")
-    methods = {(s.name, k): build(s, target, args.drafter, k) for k in args.ks for s in table}
+    overrides = tuple(args.override)
+    methods = {(m, k): build(m, target, args.drafter, k, overrides) for k in args.ks for m in table}
     ar = ar_method()
     params, stop = SamplingParams(), StopRule(args.max_new_tokens, eos_ids(target))
     batch = prompts(target, args)
@@ -233,7 +198,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 f.write("".join(json.dumps(r) + "\n" for r in done))
     bar.close()
     rows, text = records_table(records)
-    print(f"\n{args.max_new_tokens} new tokens, greedy, {target.device}, drafter {args.drafter}, pruner {args.pruner}")
+    print(f"\n{args.max_new_tokens} new tokens, greedy, {target.device}, {args.dtype}, drafter {args.drafter}, overrides {list(overrides)}")
     print(text)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -11,17 +11,29 @@ from contextlib import redirect_stderr, redirect_stdout
 from io import StringIO
 from pathlib import Path
 
+import itertools
+
 from hydra import compose, initialize_config_dir
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 CONF = ROOT / "conf"
-TINY = ["model=tiny_random", "drafter=none", "pruner=none", "retriever=none", "dataset.limit=1", "dataset.first_turn_only=true", "gen.max_new_tokens=4"]
+TINY = ["model=tiny_random", "method=ar", "dataset.limit=1", "dataset.first_turn_only=true", "gen.max_new_tokens=4"]
 
 
 def compose_cfg(overrides: list[str], hydra_config: bool = False) -> DictConfig:
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         return compose("config", overrides=overrides, return_hydra_config=hydra_config)
+
+
+def sweep_points(preset: str) -> list[list[str]]:
+    """Every point of an experiment preset's hydra.sweeper.params grid, as override lists."""
+    params = compose_cfg([f"experiment={preset}"], hydra_config=True).hydra.sweeper.params or {}
+    parser = OverridesParser.create()
+    axes = [[f"{o.key_or_group}={v}" for v in o.sweep_string_iterator()]
+            for o in parser.parse_overrides([f"{k}={v}" for k, v in params.items()])]
+    return [list(p) for p in itertools.product(*axes)] if axes else [[]]
 
 
 def run_py(args: list[str], tmp: Path) -> tuple[int, str, str]:

@@ -4,7 +4,7 @@ from dataclasses import asdict
 
 import pytest
 
-from benchmarks.methods import interleave, main, records_table, tree_shape
+from benchmarks.methods import METHODS, build, interleave, main, needs_drafter, records_table
 from graft_lab.data import Question
 from graft_lab.metrics import TurnStats
 
@@ -45,10 +45,17 @@ def test_tables_count_only_prompts_every_method_finished_and_flag_mismatches():
     assert "| graft root | 16 | 2.00 | 4.00 | 3.00 |" in speedup
 
 
-def test_tree_shape_uses_presets_and_narrows_small_budgets():
-    assert tree_shape(60) == (7, 10)
-    assert tree_shape(3) == (2, 1)
-    assert tree_shape(100) == (7, 10)
+def test_rows_are_the_run_py_method_presets():
+    """A benchmark row is built by the same preset path as `python run.py method=NAME` at that K."""
+    from graft_lab.tree import tree_shape
+    from tiny import tiny_target
+
+    target = tiny_target("llama")
+    assert {m for m in METHODS if not needs_drafter(m)} == {"pld", "recycle"}
+    m = build("pld", target, None, 16, ())
+    assert m.budget == 16 and type(m.retriever).__name__ == "NgramRetriever" and not m.drafter.needs_features
+    m = build("recycle", target, None, 32, ("retriever.top_k=10",))
+    assert m.budget == tree_shape(32).total_tokens and m.retriever.k == 10
 
 
 def test_report_of_a_missing_or_empty_file_says_so(tmp_path):

@@ -3,15 +3,13 @@ exit code 2, one line naming the field, and no result files; missing weights are
 
 from __future__ import annotations
 
-import itertools
 import time
 
 import pytest
 import torch
-from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
-from harness import CONF, TINY, compose_cfg, run_py, run_py_subprocess, written
+from harness import CONF, TINY, compose_cfg, run_py, run_py_subprocess, sweep_points, written
 from graft_lab.config import validate
 from graft_lab.errors import ModelLoadError
 from graft_lab.models.random_model import RandomSpec
@@ -32,17 +30,10 @@ def overrides_for(group: str, option: str) -> list[str]:
     base = [f"{group}={option}"] + REQUIRED.get(f"{group}={option}", [])
     # a model without a known EAGLE-3 checkpoint needs another drafter than the default
     if group == "model" and OmegaConf.load(CONF / "model" / f"{option}.yaml").get("eagle3_drafter") is None:
-        base.append("drafter=none")
+        base.append("method=ar")
+    if (group, option) == ("drafter", "none"):
+        base.append("pruner=none")  # the default method's pruner prunes a draft
     return base
-
-
-def sweep_points(preset: str) -> list[list[str]]:
-    """Every point of an experiment preset's hydra.sweeper.params grid, as override lists."""
-    params = compose_cfg([f"experiment={preset}"], hydra_config=True).hydra.sweeper.params or {}
-    parser = OverridesParser.create()
-    axes = [[f"{o.key_or_group}={v}" for v in o.sweep_string_iterator()]
-            for o in parser.parse_overrides([f"{k}={v}" for k, v in params.items()])]
-    return [list(p) for p in itertools.product(*axes)] if axes else [[]]
 
 
 def test_groups_found():
@@ -86,15 +77,15 @@ BAD = [
     (["model=nonexistent"], "model/nonexistent"),
     (["pruner=dyn_depth", "pruner.thresholds=[1.5,0.3,0.1]"], "pruner.thresholds"),
     (["pruner=dyn_depth", "pruner.thresholds=[0.5,-0.1,0.1]"], "pruner.thresholds"),
-    (["model=tiny_random", "drafter=none", "tree.top_k=50000"], "tree.top_k"),
-    (["model=tiny_random", "drafter=none", "gen.top_k=60000"], "gen.top_k"),
+    (["model=tiny_random", "method=ar", "tree.top_k=50000"], "tree.top_k"),
+    (["model=tiny_random", "method=ar", "gen.top_k=60000"], "gen.top_k"),
     (["gen.top_p=0"], "gen.top_p"),
     (["gen.max_new_tokens=0"], "gen.max_new_tokens"),
     (["dataset.limit=0"], "dataset.limit"),
     (["retriever=ngram", "retriever.n_min=9"], "n_min"),
     (["logger=wandb", "logger.mode=sometimes"], "logger.mode"),
     (["verify.attn=flash"], "verify.attn"),
-    (["model=tiny_random", "drafter=none", "model.max_context=100000"], "model.max_context"),
+    (["model=tiny_random", "method=ar", "model.max_context=100000"], "model.max_context"),
 ]
 
 

@@ -58,7 +58,7 @@ def test_wandb_offline_run_directory_holds_the_summary(tmp_path, monkeypatch):
     assert summary["tau"] == outcome.summary["tau"] and summary["config_hash"] == outcome.summary["config_hash"]
     assert summary["samples/_type"] == "table-file" and summary["samples/nrows"] == 1
     assert {"plots/acceptance_by_position/_type", "plots/phase_share/_type", "plots/per_category/_type"} <= set(summary)
-    assert config["model.name"] == "tiny_random" and config["tree.total_tokens"] == 3  # tree=k3, the default
+    assert config["model.name"] == "tiny_random" and config["tree.total_tokens"] == 1  # method=ar: tree=k1
     media = runs[0] / "files" / "media"
     assert len(list(media.rglob("*.png"))) == 3 and len(list(media.rglob("*.table.json"))) == 1
 

@@ -161,7 +161,7 @@ def test_calibration_cli_on_a_tiny_target(tmp_path):
     ))
     rc = main([
         "--target", str(model_dir), "--drafter", str(drafter), "--questions", str(questions), "--limit", "3",
-        "--max-new-tokens", "12", "--budget", "20", "--depth", "6", "--top-k", "3",
+        "--max-new-tokens", "12", "--budget", "20",
         "--stop-rates", "0.2", "0.3", "0.1", "--name", "cal_tiny", "--out-dir", str(tmp_path / "conf"), "--device", "cpu",
     ])
     assert rc == 0

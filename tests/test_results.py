@@ -33,9 +33,9 @@ def test_a_run_writes_its_row_with_provenance(first):
     df = pd.read_parquet(tmp / "runs.parquet")
     assert len(df) == 1 and len(pd.read_csv(tmp / "runs.csv")) == 1
     row = df.iloc[0]
-    assert bool(row["complete"]) and row["method"] == "none" and row["model"] == "tiny_random"
+    assert bool(row["complete"]) and row["method"] == "ar" and row["components"] == "none" and row["model"] == "tiny_random"
     assert row["config_hash"] == outcome.summary["config_hash"] and tmp / row["run_dir"] == outcome.out_dir
-    assert row["cfg.tree.total_tokens"] == 3 and row["budget"] == 3 and row["tau"] == 1.0  # tree=k3, the default
+    assert row["cfg.tree.total_tokens"] == 1 and row["budget"] == 1 and row["tau"] == 1.0  # method=ar: tree=k1
     summary = json.loads((outcome.out_dir / "summary.json").read_text())
     for key in ("config", "config_hash", "git_commit", "versions", "device", "peak_memory_mb", "acceptance_by_position"):
         assert key in summary
@@ -124,7 +124,7 @@ def random_drafter(tmp_path_factory):
 
 @pytest.mark.parametrize("graft", ["root", "tail", "match"])
 def test_every_graft_mode_runs_end_to_end(graft, random_drafter, tmp_path):
-    outcome = go(tmp_path, "drafter=eagle3", f"drafter.path={random_drafter}", "pruner=dyn_depth", "retriever=ngram",
-                 f"graft={graft}", "tree.total_tokens=16")
+    outcome = go(tmp_path, f"method=graft_{graft}", f"drafter.path={random_drafter}", "retriever=ngram", "tree=k16")
     assert outcome.summary["complete"] and outcome.summary["matches_baseline"]
-    assert ResultsTable(tmp_path).read().iloc[0]["method"] == f"eagle3+dyn_depth+ngram@{graft}"
+    row = ResultsTable(tmp_path).read().iloc[0]
+    assert row["method"] == f"graft_{graft}[retriever=ngram]" and row["components"] == f"eagle3+dyn_depth+ngram@{graft}"

@@ -78,8 +78,18 @@ class VerifyConfig:
 
 
 @dataclass
+class MethodConfig:
+    """The method preset (conf/method/NAME.yaml) and the parts it chose; a run that overrides a part is
+    labelled with the override (`graft[retriever=ngram]`)."""
+
+    name: str = "custom"
+    parts: dict[str, str] = field(default_factory=dict)  # group -> option name, as the preset set them
+
+
+@dataclass
 class RunConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
+    method: MethodConfig = field(default_factory=MethodConfig)
     tree: TreeConfig = field(default_factory=TreeConfig)
     gen: GenConfig = field(default_factory=GenConfig)
     verify: VerifyConfig = field(default_factory=VerifyConfig)
@@ -115,4 +125,26 @@ def validate(cfg: DictConfig | dict) -> tuple[RunConfig, dict[str, Any]]:
         key = getattr(exc, "full_key", None)
         raise ConfigError(f"invalid config{f' at {key}' if key else ''}: {exc.msg if hasattr(exc, 'msg') else exc}") from None
     options = {group: reg.options(data[group]) for group, reg in PLUGGABLE.items()}
+    check_combination(run, data)
     return run, options
+
+
+def check_combination(run: RunConfig, data: dict[str, Any]) -> None:
+    """Parts that cannot work together, each error naming the fix."""
+    name = {group: data[group]["name"] for group in ("drafter", "pruner", "retriever", "graft")}
+    if name["pruner"] != "none" and name["drafter"] == "none":
+        raise ConfigError(f"pruner={name['pruner']} prunes a draft, but drafter=none: add drafter=eagle3, or use "
+                          "pruner=none (method=pld, recycle or sam for retrieval alone)")
+    if name["graft"] != "root" and name["retriever"] == "none":
+        raise ConfigError(f"graft={name['graft']} hangs retrieved continuations under draft nodes, but retriever=none: "
+                          "pick a retriever (retriever=recycle, ngram or sam) or graft=root")
+    if name["graft"] != "root" and name["drafter"] == "none":
+        raise ConfigError(f"graft={name['graft']} grafts onto draft nodes, but drafter=none: use graft=root")
+
+
+def method_label(config: dict[str, Any]) -> str:
+    """The method's name, with any part the command line changed from the preset: `graft[retriever=ngram]`."""
+    method = config.get("method") or {}
+    changed = [f"{g}={config[g]['name']}" for g, option in (method.get("parts") or {}).items() if config[g]["name"] != option]
+    name = method.get("name", "custom")
+    return f"{name}[{','.join(changed)}]" if changed else name

@@ -12,6 +12,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from .config import method_label
+
 # Keys that say where results go or how they are logged, not what was measured.
 NOT_HASHED = ("output_dir", "results_dir", "logger", "force", "tags", "hydra")
 
@@ -50,4 +52,5 @@ def versions() -> dict[str, str]:
 
 def metadata(cfg: DictConfig) -> dict[str, Any]:
     config = resolved(cfg)
-    return {"config": config, "config_hash": config_hash(config), "git_commit": git_commit(), "versions": versions()}
+    return {"method": method_label(config), "config": config, "config_hash": config_hash(config), "git_commit": git_commit(),
+            "versions": versions()}

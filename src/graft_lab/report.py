@@ -10,6 +10,7 @@ from .metrics import PHASES
 def print_summary(summary: dict, out_dir: Path) -> None:
     speed = summary.get("speedup")
     rows = [
+        ("method", f"{summary.get('method', '-')}, K={summary.get('tree', {}).get('total_tokens', '-')}"),
         ("tau (tokens / verify step, bonus incl.)", f"{summary['tau']:.2f}"),
         ("tokens/s", f"{summary['tokens_per_s']:.1f}"),
         ("AR baseline tokens/s", f"{summary['baseline_tokens_per_s']:.1f}" if summary.get("baseline_tokens_per_s") else "-"),

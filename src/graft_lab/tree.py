@@ -198,3 +198,23 @@ class DraftTree:
             key = p * (int(self.tokens.max()) + 1) + self.tokens[1:]
             if torch.unique(key).numel() != n - 1:
                 raise AssertionError("duplicate (parent, token) siblings")
+
+
+@dataclass(frozen=True)
+class TreeShape:
+    """A verification budget and the draft expansion that goes with it."""
+
+    total_tokens: int  # K: nodes verified per step, root included
+    depth: int  # draft levels
+    top_k: int  # children per expanded node
+
+
+def tree_shape(budget: int) -> TreeShape:
+    """The dense EAGLE-3 shape for a budget K, the one rule every preset, benchmark and evaluation uses:
+    depth K-1 up to EAGLE's 7, and about K/6 children per node up to EAGLE's 10 (K=60 gives 7 x 10)."""
+    if budget < 1:
+        raise ValueError(f"a tree budget must be >= 1, got {budget}")
+    return TreeShape(budget, max(1, min(7, budget - 1)), max(1, min(10, round(budget / 6))))
+
+
+CHAIN = TreeShape(total_tokens=8, depth=7, top_k=1)  # one candidate per level: EAGLE-3's chain

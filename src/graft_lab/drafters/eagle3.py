@@ -31,7 +31,8 @@ class Eagle3Options:
 
     def __post_init__(self):
         if not self.path:
-            raise ConfigError("drafter=eagle3 needs drafter.path: no EAGLE-3 checkpoint is known for this model")
+            raise ConfigError("drafter=eagle3 needs drafter.path, and no EAGLE-3 checkpoint is known for this model: "
+                              "use method=ar (or pld, recycle, sam), or give one with drafter.path=DIR")
         if self.depth < 1:
             raise ConfigError(f"drafter.depth must be >= 1, got {self.depth}")
         if self.top_k < 1:

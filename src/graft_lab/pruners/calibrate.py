@@ -26,6 +26,7 @@ from ..graft import graft_root
 from ..models.target import EMBEDDED, Target, load_model
 from ..retrievers import NoRetriever
 from ..runner import chat_prompt, eos_ids
+from ..tree import tree_shape
 from ..verify import SamplingParams
 from .base import PRUNERS
 from .dyn_depth import DynDepthOptions, DynDepthPruner
@@ -95,9 +96,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m graft_lab.pruners.calibrate", description=__doc__.split("\n\n")[0])
     ap.add_argument("--target", default=EMBEDDED, help="model path or hub id (default: the embedded SmolLM2)")
     ap.add_argument("--drafter", default="builtin:smollm2-135m-instruct-eagle3", help="EAGLE-3 checkpoint")
-    ap.add_argument("--depth", type=int, default=7, help="draft levels")
-    ap.add_argument("--top-k", type=int, default=10, help="children per expanded node")
-    ap.add_argument("--budget", type=int, default=60, help="K, verified nodes per step")
+    ap.add_argument("--budget", type=int, default=60, help="K, verified nodes per step; depth and top_k follow it (tree_shape)")
     ap.add_argument("--questions", default=None, help="question.jsonl for warm-up prompts (default: MT-Bench)")
     ap.add_argument("--limit", type=int, default=20, help="warm-up questions (first turns)")
     ap.add_argument("--max-new-tokens", type=int, default=128)
@@ -129,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
         questions = DATASETS.build({**spec, "limit": args.limit, "first_turn_only": True})
         model, tokenizer = load_model(args.target, dtype=args.dtype, device=args.device)
         target = Target(model, tokenizer)
-        drafter = DRAFTERS.build({"name": "eagle3", "path": args.drafter, "depth": args.depth, "top_k": args.top_k}, target=target)
+        shape = tree_shape(args.budget)
+        drafter = DRAFTERS.build({"name": "eagle3", "path": args.drafter, "depth": shape.depth, "top_k": shape.top_k}, target=target)
     except GraftLabError as exc:
         print(f"graft-lab: error: {exc}", file=sys.stderr)
         return 2
@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out_dir) / f"{args.name}.yaml"
     write_config(out, calibrated, (
         f"dyn_depth thresholds calibrated by graft_lab.pruners.calibrate: {len(prompts)} prompts, {conf.shape[0]} drafts\n"
-        f"target {args.target}, drafter {args.drafter}, K={args.budget}, depth {args.depth}, top_k {args.top_k}\n"
+        f"target {args.target}, drafter {args.drafter}, K={args.budget}, depth and top_k from tree_shape(K)\n"
         f"target stop rates {args.stop_rates}; on the warm-up drafts: {[round(s, 3) for s in stop_shares(conf, calibrated.thresholds)]}"
     ))
     print(f"wrote {out}: thresholds {calibrated.thresholds}")

@@ -20,9 +20,10 @@ from ..graft import graft_root
 from ..models.target import Target
 from ..pruners.base import NoPruner
 from ..retrievers.base import NoRetriever
+from ..tree import CHAIN, tree_shape
 from ..verify import SamplingParams
 
-TREES = {"dense": dict(total=60, depth=7, top_k=10), "chain": dict(total=8, depth=7, top_k=1)}
+TREES = {"dense": tree_shape(60), "chain": CHAIN}  # the paper's dense tree and EAGLE-3's chain
 
 
 def tau_of(target: Target, drafter, prompts, total: int, max_new: int, eos_ids=(), log=None) -> dict:
@@ -49,8 +50,8 @@ def measure(target: Target, net: Eagle3Model, prompts, trees=("dense", "chain"),
     out = {}
     for name in trees:
         tree = TREES[name]
-        drafter = Eagle3Drafter(net, embed, tree["depth"], tree["top_k"])
-        out[name] = tau_of(target, drafter, prompts, tree["total"], max_new, eos_ids)
+        drafter = Eagle3Drafter(net, embed, tree.depth, tree.top_k)
+        out[name] = tau_of(target, drafter, prompts, tree.total_tokens, max_new, eos_ids)
     net.train(was_training)
     return out
 
@@ -99,7 +100,7 @@ def main(argv=None) -> None:
     for name in args.trees.split(","):
         tree = TREES[name]
         target = Target(model, tok)
-        drafter = build_eagle3(Eagle3Options(path=args.drafter, depth=tree["depth"], top_k=tree["top_k"]), target)
+        drafter = build_eagle3(Eagle3Options(path=args.drafter, depth=tree.depth, top_k=tree.top_k), target)
         per = {}  # category -> [tokens, steps]
 
         def log(i, tokens, steps, name=name, per=per):
@@ -109,7 +110,7 @@ def main(argv=None) -> None:
             print(json.dumps({"tree": name, "prompt": i, "category": labels[i], "tokens": tokens, "steps": steps}),
                   flush=True)
 
-        res[name] = tau_of(target, drafter, prompts, tree["total"], args.new_tokens, (tok.eos_token_id,), log)
+        res[name] = tau_of(target, drafter, prompts, tree.total_tokens, args.new_tokens, (tok.eos_token_id,), log)
         res[name]["by_category"] = {c: round(t / max(n, 1), 4) for c, (t, n) in per.items()}
         print(name, json.dumps(res[name]), flush=True)
     print(json.dumps(res))
