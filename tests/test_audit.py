@@ -62,7 +62,7 @@ def test_bf16_engine_has_no_unexplained_divergence(bf16_runs, arch):
     s = bf16_runs[arch]
     assert s["unexplained_divergences"] == 0
     assert s["noise_bound"] > 0  # bf16 batched forwards do round differently
-    assert s["match_share"] == 1 - len(s["divergences"]) / PROMPTS
+    assert s["match_share"] == (PROMPTS - len(s["divergences"])) / PROMPTS
     for d in s["divergences"]:
         assert d["verdict"] == TIE and 0 <= d["ar_gap"] <= d["ar_margin"] <= 2 * s["noise_bound"]
         assert d["spec_token"] != d["ar_token"] and d["spec_gap"] >= 0
@@ -146,7 +146,7 @@ def test_run_py_reports_the_audit(dtype, tmp_path):
     assert code == 0, err
     s = json.loads(next(tmp_path.rglob("summary.json")).read_text())
     assert s["audited_turns"] == s["n_turns"] == 4
-    assert s["match_share"] == 1 - len(s["divergences"]) / 4
+    assert s["match_share"] == (4 - len(s["divergences"])) / 4
     assert s["unexplained_divergences"] == sum(d["verdict"] == UNEXPLAINED for d in s["divergences"]) == 0
     assert s["matches_baseline"] == (not s["divergences"])
     assert {d["question_id"] for d in s["divergences"]} == set(s["mismatched_questions"])

@@ -189,7 +189,7 @@ class Auditor:
                 pending.append((t, p, ref[p] if flip else None))
         divergences = [self.explain(t, p, row, bound) for t, p, row in pending]
         return {
-            "match_share": 1 - differing / self.n_turns,
+            "match_share": (self.n_turns - differing) / self.n_turns,
             "audited_turns": self.n_turns,
             "noise_bound": bound,
             "divergences": [asdict(d) for d in divergences],
