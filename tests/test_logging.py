@@ -57,10 +57,13 @@ def test_wandb_offline_run_directory_holds_the_summary(tmp_path, monkeypatch):
     summary, config = logged(runs[0])
     assert summary["tau"] == outcome.summary["tau"] and summary["config_hash"] == outcome.summary["config_hash"]
     assert summary["samples/_type"] == "table-file" and summary["samples/nrows"] == 1
+    for key in ("match_share", "noise_bound", "unexplained_divergences"):  # the divergence audit (audit.py)
+        assert summary[key] == outcome.summary[key]
+    assert summary["match_share"] == 1.0 and summary["divergences/nrows"] == 0
     assert {"plots/acceptance_by_position/_type", "plots/phase_share/_type", "plots/per_category/_type"} <= set(summary)
     assert config["model.name"] == "tiny_random" and config["tree.total_tokens"] == 1  # method=ar: tree=k1
     media = runs[0] / "files" / "media"
-    assert len(list(media.rglob("*.png"))) == 3 and len(list(media.rglob("*.table.json"))) == 1
+    assert len(list(media.rglob("*.png"))) == 3 and len(list(media.rglob("*.table.json"))) == 2  # samples, divergences
 
 
 def test_logger_none_writes_nothing(tmp_path):

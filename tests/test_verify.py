@@ -8,6 +8,7 @@ from transformers.generation.logits_process import TemperatureLogitsWarper, TopK
 import graft_lab.verify as verify
 from graft_lab.tree import DraftTree
 from graft_lab.verify import SamplingParams, accept_greedy, accept_sampling, target_probs
+from tiny import tiny_target
 
 
 def tree_of(tokens, parents) -> DraftTree:
@@ -77,8 +78,24 @@ SAMPLING_TREE = tree_of([0, 1, 2, 3, 4, 1, 5], [-1, 0, 0, 0, 1, 1, 3])
 PARAMS = SamplingParams(temperature=1.0)
 
 
-def sampling_pvalues(n=6000, seed=0):
-    logits = torch.randn(SAMPLING_TREE.size, 6, generator=torch.Generator().manual_seed(3)) * 1.5
+def random_logits() -> torch.Tensor:
+    return torch.randn(SAMPLING_TREE.size, 6, generator=torch.Generator().manual_seed(3)) * 1.5
+
+
+def bf16_target_logits() -> torch.Tensor:
+    """A tiny target's own tree-verification logits in bf16 (first 6 vocabulary entries), handed over as bf16:
+    rounded values, exact ties possible."""
+    target = tiny_target("llama")
+    target.model.to(torch.bfloat16)
+    cache = target.new_cache(16)
+    target.prefill(torch.tensor([5, 6, 7, 8]), cache, want_aux=False)
+    return target.verify(SAMPLING_TREE, cache, want_aux=False).logits[:, :6].to(torch.bfloat16)
+
+
+LOGITS = {"fp32": random_logits, "bf16": bf16_target_logits}
+
+
+def sampling_pvalues(logits, n=6000, seed=0):
     probs = target_probs(logits, PARAMS)
     firsts, pairs = emitted_first_two(SAMPLING_TREE, logits, PARAMS, n, seed)
     p_first = chi2_pvalue(firsts, probs[0])
@@ -88,13 +105,15 @@ def sampling_pvalues(n=6000, seed=0):
     return p_first, p_second
 
 
-def test_sampling_reproduces_the_target_distribution():
-    p_first, p_second = sampling_pvalues()
+@pytest.mark.parametrize("dtype", LOGITS)
+def test_sampling_reproduces_the_target_distribution(dtype):
+    p_first, p_second = sampling_pvalues(LOGITS[dtype]())
     assert p_first > 1e-3 and p_second > 1e-3
 
 
-def test_the_sampling_test_fails_when_the_rule_is_broken(monkeypatch):
+@pytest.mark.parametrize("dtype", LOGITS)
+def test_the_sampling_test_fails_when_the_rule_is_broken(dtype, monkeypatch):
     # broken on purpose: after rejecting every child, draw the bonus from p instead of the residual
     monkeypatch.setattr(verify, "residual", lambda p, rejected: p)
-    p_first, _ = sampling_pvalues()
+    p_first, _ = sampling_pvalues(LOGITS[dtype]())
     assert p_first < 1e-6

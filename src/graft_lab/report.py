@@ -7,6 +7,19 @@ from pathlib import Path
 from .metrics import PHASES
 
 
+def audit_line(summary: dict) -> str:
+    """`5/6 turns; 1 numeric tie (gap 0.03 <= 2 x bound 0.06); 0 unexplained`: the divergence audit (audit.py)."""
+    if summary.get("match_share") is None:
+        return {True: "yes", False: "NO", None: "-"}[summary.get("matches_baseline")]
+    turns, divergences = summary["audited_turns"], summary["divergences"]
+    margins = [d["ar_margin"] for d in divergences if d["verdict"] == "numeric_tie"]
+    bound = summary["noise_bound"]
+    ties = f"{len(margins)} numeric tie{'' if len(margins) == 1 else 's'}"
+    ties += (f" (gap{' max' if len(margins) > 1 else ''} {max(margins):.3g} <= 2 x bound {bound:.3g})" if margins
+             else f" (noise bound {bound:.3g})")
+    return f"{turns - len(divergences)}/{turns} turns; {ties}; {summary['unexplained_divergences']} unexplained"
+
+
 def print_summary(summary: dict, out_dir: Path) -> None:
     speed = summary.get("speedup")
     rows = [
@@ -16,7 +29,7 @@ def print_summary(summary: dict, out_dir: Path) -> None:
         ("AR baseline tokens/s", f"{summary['baseline_tokens_per_s']:.1f}" if summary.get("baseline_tokens_per_s") else "-"),
         ("speedup vs AR (same run)", f"{speed:.2f}x" if speed else "-"),
         ("drafted / retrieved nodes per step", f"{summary['drafted_per_step']:.1f} / {summary['retrieved_per_step']:.1f}"),
-        ("output identical to AR", {True: "yes", False: "NO", None: "-"}[summary.get("matches_baseline")]),
+        ("output identical to AR", audit_line(summary)),
     ]
     share = summary.get("phase_share", {})
     rows.append(("phase shares", "  ".join(f"{p} {100 * share.get(p, 0):.0f}%" for p in ("prefill", *PHASES) if p in share)))

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from .audit import Auditor
 from .config import RunConfig
 from .data import DATASETS, Question
 from .decode import Generation, Method, StopRule, generate
@@ -81,13 +82,14 @@ def timed(target: Target, method: Method, prompt, params, stop, generator) -> tu
     return gen, TurnStats.of(gen.tokens, gen.steps, gen.prefill_s, wall, peak_memory_mb(target.device))
 
 
-def answer_question(target, method, baseline, q: Question, run: RunConfig, model_id: str, generator) -> tuple[dict, list, list]:
+def answer_question(target, method, baseline, q: Question, run: RunConfig, model_id: str, generator,
+                    auditor: Auditor | None = None) -> tuple[dict, list, list]:
     params = SamplingParams(run.gen.temperature, run.gen.top_p, run.gen.top_k)
     strings = StopStrings(target.tokenizer, tuple(run.gen.stop_strings)) if run.gen.stop_strings else None
     stop = StopRule(run.gen.max_new_tokens, eos_ids(target), strings)
     messages: list[dict[str, str]] = []
     turns, stats, base_stats, texts, ids, matches = [], [], [], [], [], []
-    for turn in q.turns:
+    for i, turn in enumerate(q.turns):
         messages.append({"role": "user", "content": turn})
         prompt = chat_prompt(target, messages)
         gen, st = timed(target, method, prompt, params, stop, generator)
@@ -95,6 +97,8 @@ def answer_question(target, method, baseline, q: Question, run: RunConfig, model
             base, bst = timed(target, baseline, prompt, params, stop, generator)
             base_stats.append(bst)
             matches.append(base.tokens == gen.tokens if params.greedy else None)
+            if auditor is not None and params.greedy:
+                auditor.add(q.question_id, i, prompt, gen, base)
         text = target.tokenizer.decode(gen.tokens, skip_special_tokens=True)
         messages.append({"role": "assistant", "content": text})
         stats.append(st)
@@ -141,6 +145,7 @@ def run(run_cfg: RunConfig, nodes: dict[str, Any], out_dir: Path, meta: dict) ->
     target = build_target(run_cfg)
     method = build_method(target, run_cfg, nodes)
     baseline = ar_method() if run_cfg.baseline == "ar" else None
+    auditor = Auditor(target, method)  # explains every greedy turn that differs from AR
     generator = torch.Generator(device=target.device).manual_seed(run_cfg.gen.seed)
     out_dir.mkdir(parents=True, exist_ok=True)
     answers = out_dir / "answers.jsonl"
@@ -150,7 +155,7 @@ def run(run_cfg: RunConfig, nodes: dict[str, Any], out_dir: Path, meta: dict) ->
     try:
         with answers.open("a") as f:
             for q in tqdm(questions, desc=f"{run_cfg.model.name} {nodes['drafter']['name']}", unit="q"):
-                record, stats, base = answer_question(target, method, baseline, q, run_cfg, run_cfg.model.name, generator)
+                record, stats, base = answer_question(target, method, baseline, q, run_cfg, run_cfg.model.name, generator, auditor)
                 f.write(json.dumps(record) + "\n")
                 f.flush()
                 all_stats += stats
@@ -170,6 +175,7 @@ def run(run_cfg: RunConfig, nodes: dict[str, Any], out_dir: Path, meta: dict) ->
         "n_turns": len(all_stats),
         "matches_baseline": (not mismatches) if all_base and run_cfg.gen.temperature == 0 else None,
         "mismatched_questions": mismatches,
+        **auditor.summarise(),
         "per_category": {c: aggregate(s, b or None) for c, (s, b) in categories.items()},
         "peak_memory_mb": max((s.peak_memory_mb for s in all_stats + all_base), default=peak_memory_mb(target.device)),
         "device": str(target.device),
