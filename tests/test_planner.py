@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from graft_lab.acceptance import BUCKETS, AcceptanceModel
+from graft_lab.acceptance import AcceptanceModel, NodeArrays
 from graft_lab.config import validate
 from graft_lab.decode import Method, StopRule, generate
 from graft_lab.drafters.eagle3 import Eagle3Drafter
@@ -88,16 +88,17 @@ def test_path_probability_is_the_product_and_never_rises_along_a_path():
     for _ in range(20):
         t = random_tree(rng, rng.randint(2, 40))
         q = model.path_probs(t)
-        assert bool((q[1:] <= q[t.parents[1:]]).all())
+        assert (q[1:] <= q[t.parents[1:].numpy()]).all()
 
 
 def test_observing_acceptance_calibrates_each_cell():
     model = AcceptanceModel()
     tree = tree_of([-1, 0, 0, 1], [1.0, 0.55, 0.55, 0.55],
                    [Source.ROOT, Source.DRAFT, Source.RETRIEVED, Source.DRAFT])
-    before = model.conditional(tree).clone()
+    before = model.conditional(tree)
+    nodes = NodeArrays.of(tree)
     for _ in range(50):  # the draft chain is always accepted, the retrieved sibling never
-        model.observe(tree, torch.tensor([0, 1, 3]))
+        model.observe(nodes, np.array([0, 1, 3]), model.predict(nodes))
     after = model.conditional(tree)
     assert after[1] > 0.9 and after[3] > 0.9 and after[1] > before[1]
     assert after[2] < before[2] and after[2] < 0.05
@@ -105,7 +106,7 @@ def test_observing_acceptance_calibrates_each_cell():
     assert sum(r[2] for r in rel) == 150 and all(0 <= r[0] <= 1 and 0 <= r[1] <= 1 for r in rel)
     # a node whose parent was rejected was never tried: it teaches nothing
     fresh = AcceptanceModel()
-    fresh.observe(tree, torch.tensor([0, 2]))
+    fresh.observe(nodes, np.array([0, 2]), fresh.predict(nodes))
     assert fresh.conditional(tree)[3] == pytest.approx(before[3])
 
 
@@ -158,10 +159,11 @@ def test_the_kept_nodes_are_the_ancestor_closed_top_n_by_path_probability():
         plan.tree.check()
         assert plan.tree.size <= 32
         full = p.acceptance.path_probs(tree)
-        kept = plan.probs
+        kept = plan.prediction.probs
         assert plan.expected_tokens == pytest.approx(1 + float(kept[1:].sum()))
+        assert kept == pytest.approx(p.acceptance.path_probs(plan.tree))  # the same prediction on the kept tree
         if plan.tree.size < tree.size:  # nothing left out is likelier than what was kept
-            assert float(kept.min()) >= float(torch.sort(full, descending=True).values[plan.tree.size])
+            assert kept.min() >= np.sort(full)[::-1][plan.tree.size]
 
 
 def test_time_spent_drafting_favours_bigger_trees():
@@ -186,7 +188,7 @@ def test_observe_refines_the_profile_and_the_overhead():
 def test_a_fixed_tree_is_verified_as_it_is():
     tree = chain([0.5] * 3)
     plan = FixedPlanner().plan(tree, prefix=5, spent=1.0)
-    assert plan.tree is tree and plan.expected_tokens is None and plan.probs is None
+    assert plan.tree is tree and plan.expected_tokens is None and plan.prediction is None
 
 
 # ---- the cost-aware pruner ------------------------------------------------------------------------

@@ -9,11 +9,15 @@ model follows a prompt that turns from chat to copying):
 A node's path probability is the product of the conditionals on its path, so a child never exceeds its
 parent; the expected tokens of a tree are 1 (the bonus token) plus the sum of its nodes' path probabilities.
 One model serves one method, so its retrieved cells are the method's retriever's.
+
+The arithmetic runs in NumPy on the host: trees are a few dozen nodes, where each torch call would cost
+more than the work (the planner's whole step budget is a fraction of a millisecond).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -28,60 +32,84 @@ MEMORY = 0.995  # evidence kept per step: about the last 200 steps count
 RELIABILITY_BINS = 10  # predicted path probability bins of the calibration record
 
 
-class AcceptanceModel:
-    def __init__(self, device: torch.device | str = "cpu", prior_strength: float = PRIOR_STRENGTH, memory: float = MEMORY):
-        self.device = torch.device(device)
-        self.memory = memory
-        draft_mean = (torch.arange(BUCKETS, dtype=torch.float64) + 0.5) / BUCKETS  # [B]
-        retrieved_mean = 0.3 / (1 + torch.arange(RANKS, dtype=torch.float64))  # [R]
-        mean = torch.cat([draft_mean.repeat(DEPTHS), retrieved_mean.repeat(DEPTHS)])  # [C]
-        self.prior_hits = (prior_strength * mean).to(self.device)
-        self.prior_tries = torch.full_like(self.prior_hits, prior_strength)
-        self.hits = torch.zeros_like(self.prior_hits)  # evidence: accepted nodes per cell
-        self.tries = torch.zeros_like(self.prior_hits)  # evidence: nodes whose parent was accepted
-        self.reliability_sums = np.zeros((RELIABILITY_BINS, 3))  # per bin: predicted sum, accepted, nodes
-        self._update_rates()
+@dataclass(frozen=True)
+class NodeArrays:
+    """A tree's node arrays on the host."""
 
-    def _update_rates(self) -> None:
-        self.rates = ((self.prior_hits + self.hits) / (self.prior_tries + self.tries)).float()  # [C]
-        self._rates_np = self.rates.double().cpu().numpy()
+    parents: np.ndarray  # [N] int64, -1 for the root
+    depth: np.ndarray  # [N] int64
+    score: np.ndarray  # [N] float64
+    retrieved: np.ndarray  # [N] bool
+
+    @staticmethod
+    def of(tree: DraftTree) -> "NodeArrays":
+        ints = torch.stack([tree.parents, tree.depth, tree.source.long()]).cpu().numpy()  # one copy from the device
+        return NodeArrays(ints[0], ints[1], tree.score.double().cpu().numpy(), ints[2] == int(Source.RETRIEVED))
+
+
+@dataclass(frozen=True)
+class Prediction:
+    cells: np.ndarray  # [N] int64 cell per node (the root's is unused)
+    probs: np.ndarray  # [N] float64 path probabilities, root 1, never rising along a path
+
+
+class AcceptanceModel:
+    def __init__(self, prior_strength: float = PRIOR_STRENGTH, memory: float = MEMORY):
+        self.memory = memory
+        draft_mean = (np.arange(BUCKETS) + 0.5) / BUCKETS  # [B]
+        retrieved_mean = 0.3 / (1 + np.arange(RANKS))  # [R]
+        mean = np.concatenate([np.tile(draft_mean, DEPTHS), np.tile(retrieved_mean, DEPTHS)])  # [C]
+        self.prior_hits = prior_strength * mean
+        self.prior_tries = np.full_like(mean, prior_strength)
+        self.hits = np.zeros_like(mean)  # evidence: accepted nodes per cell
+        self.tries = np.zeros_like(mean)  # evidence: nodes whose parent was accepted
+        self.reliability_sums = np.zeros((RELIABILITY_BINS, 3))  # per bin: predicted sum, accepted, nodes
+        self.rates = self.prior_hits / self.prior_tries  # [C] P(accepted | parent accepted)
 
     # ---- per node ------------------------------------------------------------------------------
-    def cells(self, tree: DraftTree) -> torch.Tensor:
+    @staticmethod
+    def cells(nodes: NodeArrays) -> np.ndarray:
         """[N] the cell of each node (the root's is unused)."""
-        n = tree.size
-        idx = torch.arange(n, device=tree.device)
-        parents = tree.parents.clamp(min=0)
-        depth = (tree.depth.clamp(1, DEPTHS) - 1)
-        cond = torch.exp((tree.score - tree.score[parents]).clamp(max=0.0))
-        bucket = (cond * BUCKETS).long().clamp(0, BUCKETS - 1)
-        retrieved = tree.source == int(Source.RETRIEVED)
-        # rank among siblings of the same source: sort by score desc within (parent, source) groups
-        group = parents * 2 + retrieved.long()
-        order = torch.sort(-tree.score, stable=True).indices
-        order = order[torch.sort(group[order], stable=True).indices]
+        parents = np.maximum(nodes.parents, 0)
+        depth = np.clip(nodes.depth, 1, DEPTHS) - 1
+        cond = np.exp(np.minimum(nodes.score - nodes.score[parents], 0.0))
+        draft_cell = depth * BUCKETS + np.minimum((cond * BUCKETS).astype(np.int64), BUCKETS - 1)
+        if not nodes.retrieved.any():
+            return draft_cell
+        # rank among siblings of the same source: by score, descending, within (parent, source) groups
+        group = parents * 2 + nodes.retrieved
+        order = np.lexsort((-nodes.score, group))
         g = group[order]
-        rank = torch.empty_like(idx)
-        rank[order] = idx - torch.searchsorted(g, g)
-        draft_cell = depth * BUCKETS + bucket
-        retrieved_cell = DEPTHS * BUCKETS + depth * RANKS + rank.clamp(max=RANKS - 1)
-        return torch.where(retrieved, retrieved_cell, draft_cell)
+        rank = np.empty_like(order)
+        rank[order] = np.arange(order.size) - np.searchsorted(g, g)
+        retrieved_cell = DEPTHS * BUCKETS + depth * RANKS + np.minimum(rank, RANKS - 1)
+        return np.where(nodes.retrieved, retrieved_cell, draft_cell)
 
-    def conditional(self, tree: DraftTree) -> torch.Tensor:
+    def predict(self, nodes: NodeArrays) -> Prediction:
+        """Cells and path probabilities: conditionals multiplied down the tree, one depth level at a time."""
+        cells = self.cells(nodes)
+        cond = self.rates[cells]
+        probs = np.ones(cond.size)
+        by_depth = np.argsort(nodes.depth, kind="stable")
+        bounds = np.searchsorted(nodes.depth[by_depth], np.arange(1, int(nodes.depth.max(initial=0)) + 2))
+        for lo, hi in zip(bounds[:-1], bounds[1:]):  # parents come before children, so depth order works
+            level = by_depth[lo:hi]
+            probs[level] = probs[nodes.parents[level]] * cond[level]
+        return Prediction(cells, probs)
+
+    def conditional(self, tree: DraftTree) -> np.ndarray:
         """[N] P(node accepted | parent accepted); the root's is 1."""
-        p = self.rates.to(tree.device)[self.cells(tree)]
-        p[0] = 1.0
-        return p
+        cond = self.rates[self.cells(NodeArrays.of(tree))]
+        cond[0] = 1.0
+        return cond
 
-    def path_probs(self, tree: DraftTree) -> torch.Tensor:
-        """[N] P(the whole path to the node is accepted): the product of the conditionals on the path,
-        never above the parent's (the path minimum guards against rounding)."""
-        logp = torch.log(self.conditional(tree).clamp(min=1e-12))
-        return tree.path_min(torch.exp(tree.path_sum(logp)))
+    def path_probs(self, tree: DraftTree) -> np.ndarray:
+        """[N] P(the whole path to the node is accepted); the root's is 1."""
+        return self.predict(NodeArrays.of(tree)).probs
 
     def expected_tokens(self, tree: DraftTree) -> float:
         """1 (the bonus token) + the sum of the nodes' path probabilities, root excluded."""
-        return float(self.path_probs(tree)[1:].sum()) + 1.0
+        return 1.0 + float(self.path_probs(tree)[1:].sum())
 
     # ---- for the cost-aware pruner ---------------------------------------------------------------
     def next_level_gain(self, level: int, best_score: float) -> float:
@@ -91,30 +119,26 @@ class AcceptanceModel:
         d = level + 1
         c = math.exp(min(0.0, best_score) / d)
         b = min(BUCKETS - 1, int(c * BUCKETS))
-        cells = [min(j, DEPTHS) - 1 for j in range(1, d + 2)]
-        rates = self._rates_np[np.asarray(cells) * BUCKETS + b]
-        return float(np.prod(rates))
+        depths = np.minimum(np.arange(1, d + 2), DEPTHS) - 1
+        return float(np.prod(self.rates[depths * BUCKETS + b]))
 
     # ---- learning ------------------------------------------------------------------------------
-    def observe(self, tree: DraftTree, path: torch.Tensor, probs: torch.Tensor | None = None) -> None:
-        """Learn from one verification: every node whose parent was accepted was tried; the nodes on the
-        accepted path (`path`, root first) succeeded. `probs` ([N], what was predicted) feeds the
-        calibration record; default: the path probabilities now."""
-        n = tree.size
-        on_path = torch.zeros(n, dtype=torch.bool, device=tree.device)
+    def observe(self, nodes: NodeArrays, path: np.ndarray, prediction: Prediction) -> None:
+        """Learn from one verification of the predicted tree: every node whose parent was accepted was
+        tried; the nodes on the accepted path (`path`, node ids, root first) succeeded."""
+        on_path = np.zeros(nodes.parents.size, dtype=bool)
         on_path[path] = True
-        tried = on_path[tree.parents.clamp(min=0)]
+        tried = on_path[np.maximum(nodes.parents, 0)]
         tried[0] = False
-        cells = self.cells(tree)[tried]
-        hit = on_path[tried].to(self.hits.dtype)
-        predicted = (self.path_probs(tree) if probs is None else probs)[1:].double().cpu().numpy()
-        accepted = on_path[1:].cpu().numpy()
-        self.hits.mul_(self.memory).index_add_(0, cells.to(self.device), hit.to(self.device))
-        self.tries.mul_(self.memory).index_add_(0, cells.to(self.device), torch.ones_like(hit).to(self.device))
-        self._update_rates()
+        self.hits *= self.memory
+        self.tries *= self.memory
+        np.add.at(self.hits, prediction.cells[tried], on_path[tried])
+        np.add.at(self.tries, prediction.cells[tried], 1.0)
+        self.rates = (self.prior_hits + self.hits) / (self.prior_tries + self.tries)
+        predicted = prediction.probs[1:]
         bins = np.minimum((predicted * RELIABILITY_BINS).astype(np.int64), RELIABILITY_BINS - 1)
         np.add.at(self.reliability_sums, (bins, 0), predicted)
-        np.add.at(self.reliability_sums, (bins, 1), accepted)
+        np.add.at(self.reliability_sums, (bins, 1), on_path[1:])
         np.add.at(self.reliability_sums, (bins, 2), 1.0)
 
     def reliability(self) -> list[list[float]]:

@@ -21,7 +21,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from .acceptance import AcceptanceModel
+from .acceptance import AcceptanceModel, NodeArrays, Prediction
 from .profile import CostProfile
 from .tree import DraftTree
 
@@ -33,8 +33,8 @@ EMA_RATE = 0.1
 class Plan:
     tree: DraftTree  # the nodes to verify
     prefix: int = 0  # committed positions before the root
-    probs: torch.Tensor | None = None  # [N] predicted path probabilities of tree's nodes (root 1)
-    expected_tokens: float | None = None  # 1 + sum of probs[1:]; None: a fixed tree, nothing predicted
+    prediction: Prediction | None = None  # cells and path probabilities of tree's nodes; None: a fixed tree
+    expected_tokens: float | None = None  # 1 + the path probabilities of tree's non-root nodes
     expected_time: float | None = None  # predicted seconds of the whole step
     verify_ratio: float | None = None  # t_verify(N) / t_verify(1) by the profile at this prefix
 
@@ -66,21 +66,24 @@ class CostPlanner:
         self.seconds_per_token = profile.verify_time(1, profile.prefixes[0])  # EMA of step time / tokens
 
     def plan(self, tree: DraftTree, prefix: int, spent: float) -> Plan:
-        probs = self.acceptance.path_probs(tree)  # [N], root 1
+        nodes = NodeArrays.of(tree)
+        pred = self.acceptance.predict(nodes)  # path probabilities [N], root 1
         n_max = min(tree.size, self.cap)
-        order = tree.order(probs)[:n_max]  # best first, every prefix ancestor-closed
-        expected = np.cumsum(probs[order].double().cpu().numpy())  # [n_max] E(n) = 1 + top n - 1 path probs
+        key = -pred.probs
+        key[0] = -np.inf  # the root first
+        order = np.lexsort((np.arange(tree.size), nodes.depth, key))[:n_max]  # best first; ties: parents first
+        expected = np.cumsum(pred.probs[order])  # [n_max] E(n) = 1 + the best n - 1 path probabilities
         verify = self.profile.curve(prefix)[:n_max]  # [n_max] t_verify(n)
         total = spent + verify + self.rest_s
         rate = expected / total
         n = n_max - int(np.argmax(rate[::-1]))  # the best rate; on a tie, the bigger tree
-        keep = torch.sort(order[:n]).values
-        chosen = tree if n == tree.size else tree.select(keep)
-        return Plan(chosen, prefix, probs[keep], float(expected[n - 1]), float(total[n - 1]),
-                    float(verify[n - 1] / verify[0]))
+        keep = np.sort(order[:n])
+        chosen = tree if n == tree.size else tree.select(torch.from_numpy(keep).to(tree.device))
+        return Plan(chosen, prefix, Prediction(pred.cells[keep], pred.probs[keep]), float(expected[n - 1]),
+                    float(total[n - 1]), float(verify[n - 1] / verify[0]))
 
     def observe(self, plan: Plan, path: torch.Tensor, times: dict[str, float]) -> None:
-        self.acceptance.observe(plan.tree, path, plan.probs)
+        self.acceptance.observe(NodeArrays.of(plan.tree), path.cpu().numpy(), plan.prediction)
         verify = times.get("verify", 0.0)
         self.profile.observe(plan.tree.size, plan.prefix, verify)
         step = sum(times.values())
@@ -101,5 +104,7 @@ def build_planner(plan: str, target, drafter, cap: int, model_id: str, drafter_i
         return FixedPlanner()
     from .profile import profile_for
 
-    profile, _, _ = profile_for(target, drafter, model_id, drafter_id, cap)
-    return CostPlanner(profile, AcceptanceModel(target.device), cap)
+    profile, path, cached = profile_for(target, drafter, model_id, drafter_id, cap)
+    if not cached:
+        print(f"[graft-lab] measured this machine's cost profile in {profile.measure_s:.1f} s (once) -> {path}")
+    return CostPlanner(profile, AcceptanceModel(), cap)

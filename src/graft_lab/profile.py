@@ -83,7 +83,7 @@ class CostProfile:
     def grid_times(self, prefix: int, refined: bool = True) -> np.ndarray:
         """[G] seconds per grid size after `prefix` tokens: linear in the prefix between the measured ones,
         flat below the first, extrapolated (never falling) beyond the last."""
-        hi = int(np.clip(np.searchsorted(self._p, prefix), 1, max(1, len(self.prefixes) - 1)))
+        hi = min(max(int(np.searchsorted(self._p, prefix)), 1), max(1, len(self.prefixes) - 1))
         lo = hi - 1
         if len(self.prefixes) == 1 or prefix <= self._p[0]:
             t = self._t[0]
@@ -116,10 +116,6 @@ class CostProfile:
 
     def verify_time(self, n: int, prefix: int) -> float:
         return float(np.interp(n, self.sizes, self.grid_times(prefix)))
-
-    def draft_time(self, levels: int) -> float:
-        """Seconds to draft `levels` levels (0: no drafting)."""
-        return 0.0 if levels < 1 else self.draft_base_s + (levels - 1) * self.draft_level_s
 
     def observe(self, n: int, prefix: int, seconds: float) -> None:
         """Refine online: pull the correction of the grid sizes around n towards measured / predicted,
@@ -343,10 +339,11 @@ def drafter_id(node) -> str:
 # ---- python -m graft_lab.profile ---------------------------------------------------------------
 def describe(profile: CostProfile, path: Path, cached: bool) -> str:
     k = profile.key
+    source = "read from" if cached else f"measured in {profile.measure_s:.1f} s ({profile.repeats} repeats, medians), saved to"
     lines = [
         f"cost profile: {k.get('model')}  {k.get('dtype')} on {k.get('device')} ({k.get('device_name')}), "
         f"{k.get('threads')} threads, attention {k.get('attn')}, torch {k.get('torch')}",
-        f"  {'read from' if cached else f'measured in {profile.measure_s:.1f} s ({profile.repeats} repeats, medians), saved to'} {path}",
+        f"  {source} {path}",
     ]
     ar = profile.verify_time(1, profile.prefixes[0])
     lines.append(f"  drafter: {profile.draft_base_s * 1e3:.2f} ms for level 0, {profile.draft_level_s * 1e3:.2f} ms per "

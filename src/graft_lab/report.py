@@ -14,7 +14,7 @@ def print_summary(summary: dict, out_dir: Path) -> None:
         ("tokens/s", f"{summary['tokens_per_s']:.1f}"),
         ("AR baseline tokens/s", f"{summary['baseline_tokens_per_s']:.1f}" if summary.get("baseline_tokens_per_s") else "-"),
         ("speedup vs AR (same run)", f"{speed:.2f}x" if speed else "-"),
-        ("decode-only speedup (prefill excluded)", f"{summary['decode_speedup']:.2f}x" if summary.get("decode_speedup") else "-"),
+        ("decode-only speedup (prefill excluded)", f"{d:.2f}x" if (d := summary.get("decode_speedup")) else "-"),
         ("prefill share of wall time", f"{100 * summary.get('prefill_share', 0.0):.0f}%"),
         ("drafted / retrieved nodes per step", f"{summary['drafted_per_step']:.1f} / {summary['retrieved_per_step']:.1f}"),
         ("output identical to AR", {True: "yes", False: "NO", None: "-"}[summary.get("matches_baseline")]),

@@ -46,7 +46,8 @@ def build_method(target: Target, run: RunConfig, nodes: dict[str, Any]) -> Metho
     retriever = RETRIEVERS.build(nodes["retriever"], vocab_size=target.vocab_size, device=target.device)
     drafter = DRAFTERS.build(nodes["drafter"], target=target)
     # tree=auto: the cost model, with this machine's profile (cached, or measured now in a few seconds)
-    planner = build_planner(run.tree.plan, target, drafter, run.tree.total_tokens, run.model.path, drafter_id(nodes["drafter"]))
+    planner = build_planner(run.tree.plan, target, drafter, run.tree.total_tokens, run.model.path,
+                            drafter_id(nodes["drafter"]))
     return Method(
         drafter=drafter,
         pruner=PRUNERS.build(nodes["pruner"], planner=planner),  # pruner=cost prices levels with it

@@ -130,42 +130,22 @@ class DraftTree:
 
     def cut(self, budget: int, rank: torch.Tensor | None = None) -> "DraftTree":
         """Keep the best `budget` nodes, ancestor-closed. A node ranks by the minimum `rank` (default: its
-        score) on its path, so no child outranks its parent; ties go to the shallower, earlier node."""
+        score) on its path, so no child outranks its parent; ties go to the shallower, earlier node. The
+        path minimum uses pointer doubling: log2(depth) vectorised steps, fine for long retrieved chains."""
         if budget < 1:
             raise ValueError(f"tree budget must be >= 1, got {budget}")
         if self.size <= budget:
             return self
-        return self.select(torch.sort(self.order(rank)[:budget]).values)
-
-    def order(self, rank: torch.Tensor | None = None) -> torch.Tensor:
-        """[N] node ids, best first: by the minimum `rank` (default: score) on the node's path, descending,
-        then depth, then index. The root comes first, and every prefix of the order is ancestor-closed."""
-        path_min = self.path_min(self.score if rank is None else rank)
+        path_min = (self.score if rank is None else rank).clone().float()
         path_min[0] = float("inf")
-        # lexicographic order: path_min desc, depth asc, index asc (sort is stable)
-        order = torch.sort(self.depth, stable=True).indices
-        return order[torch.sort(-path_min[order], stable=True).indices]
-
-    def path_min(self, values: torch.Tensor) -> torch.Tensor:
-        """[N] the minimum of `values` ([N]) over each node and its ancestors. Pointer doubling:
-        log2(depth) vectorised steps, fine for long retrieved chains."""
-        out = values.clone().float()
         anc = self.parents.clamp(min=0)
         for _ in range(max(1, self.max_depth).bit_length()):
-            out = torch.minimum(out, out[anc])
+            path_min = torch.minimum(path_min, path_min[anc])
             anc = anc[anc]
-        return out
-
-    def path_sum(self, values: torch.Tensor) -> torch.Tensor:
-        """[N] the sum of `values` ([N], the root's counted once) over each node and its ancestors, by
-        pointer doubling like `path_min`."""
-        out = values.clone().float()
-        anc = self.parents.clone()
-        for _ in range(max(1, self.max_depth).bit_length()):
-            has = anc >= 0
-            out = out + torch.where(has, out[anc.clamp(min=0)], torch.zeros_like(out))
-            anc = torch.where(has, anc[anc.clamp(min=0)], anc)
-        return out
+        # lexicographic order: path_min desc, depth asc, index asc (sort is stable)
+        order = torch.sort(self.depth, stable=True).indices
+        order = order[torch.sort(-path_min[order], stable=True).indices]
+        return self.select(torch.sort(order[:budget]).values)
 
     # ---- what verification needs --------------------------------------------------------------
     @cached_property
