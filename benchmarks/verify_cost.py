@@ -13,16 +13,7 @@ import time
 import torch
 
 from graft_lab.models.target import EMBEDDED, Target, load_model
-from graft_lab.tree import DraftTree, Source
-
-
-def chain_tree(n: int, vocab: int) -> DraftTree:
-    """A tree of n nodes with a realistic shape: top-4 fan-out per level (EAGLE-like)."""
-    parents = torch.tensor([-1] + [(i - 1) // 4 for i in range(1, n)])
-    depth = torch.zeros(n, dtype=torch.long)
-    for i in range(1, n):
-        depth[i] = depth[parents[i]] + 1
-    return DraftTree(torch.randint(0, vocab, (n,)), parents, depth, torch.zeros(n), torch.full((n,), int(Source.DRAFT), dtype=torch.int8))
+from graft_lab.profile import probe_tree
 
 
 def main() -> None:
@@ -37,7 +28,7 @@ def main() -> None:
     target = Target(model, tok)
     cache = target.new_cache(args.prefix + max(args.sizes) + 1)
     target.prefill(torch.randint(0, target.vocab_size, (args.prefix,)), cache, want_aux=False)
-    trees = {n: chain_tree(n, target.vocab_size) for n in args.sizes}
+    trees = {n: probe_tree(n, target.vocab_size) for n in args.sizes}
     times: dict[int, list[float]] = {n: [] for n in args.sizes}
     for rep in range(args.repeats + 3):
         for n in args.sizes:

@@ -9,7 +9,7 @@ from graft_lab.tree import DraftTree, Source
 
 
 class OracleRetriever:
-    needs_prefill_logits = False
+    prefill_top_k = 0
 
     def __init__(self, reference: list[int], vocab: int, seed: int = 0, error_rate: float = 0.15, branch: int = 2):
         self.reference = reference
@@ -19,7 +19,7 @@ class OracleRetriever:
         self.branch = branch
         self.emitted = 0
 
-    def reset(self, prompt, prefill_logits) -> None:
+    def reset(self, prompt, successors) -> None:
         self.emitted = 0
 
     def extend(self, tokens: torch.Tensor) -> None:

@@ -19,7 +19,7 @@ from graft_lab.models.target import load_model
 RUN_GROUPS = sorted(g for g in compose_cfg([], hydra_config=True).hydra.runtime.choices if not g.startswith("hydra/"))
 # values a few options leave as ??? (the user must give them)
 REQUIRED = {"model=local": ["model.path=models/any"], "dataset=spec_bench": ["dataset.path=q.jsonl"],
-            "dataset=jsonl": ["dataset.path=q.jsonl"]}
+            "dataset=jsonl": ["dataset.path=q.jsonl"], "pruner=cost": ["tree=auto"]}
 
 
 def options(group: str) -> list[str]:

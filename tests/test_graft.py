@@ -11,6 +11,7 @@ from omegaconf import OmegaConf
 
 from graft_lab.errors import ConfigError
 from graft_lab.graft import GRAFTS, graft_match, graft_root, graft_tail
+from graft_lab.models.target import Successors, top_k_logp
 from graft_lab.retrievers import RETRIEVERS
 from graft_lab.retrievers.base import Fragment
 from graft_lab.retrievers.ngram import NgramOptions, NgramRetriever
@@ -99,7 +100,9 @@ def test_every_mode_stays_within_budget_and_fills_it(seed):
     draft = random_tree(rng, rng.randint(1, budget), vocab, Source.DRAFT)
     retrieved = random_tree(rng, rng.randint(1, 60), vocab, Source.RETRIEVED)
     lookup = RETRIEVERS.build({"name": "recycle", "top_k": 3, "widths": [3, 2]}, vocab_size=vocab, device="cpu")
-    lookup.reset(torch.tensor([rng.randrange(vocab) for _ in range(10)]), torch.randn(10, vocab))
+    prompt = torch.tensor([rng.randrange(vocab) for _ in range(10)])
+    tokens, last = Successors.last_positions(prompt)
+    lookup.reset(prompt, Successors(tokens, *top_k_logp(torch.randn(10, vocab)[last], 3)))
     for name in ("root", "tail", "match"):
         graft = GRAFTS.build(OmegaConf.create({"name": name}), retriever=lookup)
         out = graft(draft, retrieved, budget)

@@ -74,3 +74,30 @@ def test_run_figures():
     figs = run_figures({"tau": 2.5, "acceptance_by_position": [0.8, 0.5], "phase_share": {"verify": 0.7, "draft": 0.3},
                         "per_category": {"coding": {"tau": 2.0}}})
     assert set(figs) == {"acceptance_by_position", "phase_share", "per_category"}
+
+
+CALIBRATED_RUN = {
+    "tau": 2.1, "acceptance_by_position": [0.6], "phase_share": {"verify": 1.0}, "per_category": {},
+    "acceptance_reliability": [[0.05, 0.04, 300], [0.45, 0.5, 40], [0.92, 0.9, 120]],
+    "calibration": {"tokens_ratio": 0.95, "bins": [[1.0, 1.1, 1.0, 20], [2.0, 2.2, 2.1, 50], [3.0, 3.4, 3.0, 9]]},
+}
+
+
+def test_calibration_figure_from_a_run_summary(tmp_path):
+    from graft_lab.plot import calibration_figure
+
+    fig = calibration_figure(CALIBRATED_RUN)
+    nodes, steps = fig.axes
+    assert nodes.collections[0].get_offsets().shape == (3, 2) and steps.collections[0].get_offsets().shape == (3, 2)
+    assert "0.95" in steps.get_title()
+    assert "calibration" in run_figures(CALIBRATED_RUN)
+    with pytest.raises(ValueError, match="tree=auto"):
+        calibration_figure({"tau": 1.0})
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "summary.json").write_text(json.dumps(CALIBRATED_RUN))
+    main(["calibration", "--run", str(run)])
+    assert (run / "calibration.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    (run / "summary.json").write_text(json.dumps({"tau": 1.0}))
+    with pytest.raises(SystemExit, match="tree=auto"):
+        main(["calibration", "--run", str(run)])

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from graft_lab.errors import ConfigError
+from graft_lab.models.target import Successors, top_k_logp
 from graft_lab.retrievers import RETRIEVERS, NoRetriever
 from graft_lab.retrievers.base import Fragment, chain_trie
 from graft_lab.retrievers.ngram import NgramOptions, NgramRetriever
@@ -29,6 +30,12 @@ def chain(tokens: list[int]) -> DraftTree:
     n = len(tokens)
     return DraftTree(ids(*tokens), torch.arange(-1, n - 1), torch.arange(n), -torch.arange(n).float(),
                      torch.tensor([0] + [1] * (n - 1), dtype=torch.int8))
+
+
+def successors(prompt: torch.Tensor, logits: torch.Tensor, k: int) -> Successors:
+    """What prefill hands reset(): the top-k after each distinct token's last occurrence (logits: [S, V])."""
+    tokens, last = Successors.last_positions(prompt)
+    return Successors(tokens, *top_k_logp(logits[last], k))
 
 
 def first_level(tree: DraftTree) -> list[int]:
@@ -61,7 +68,7 @@ def test_every_retriever_returns_a_valid_tree_within_budget(name):
     rng = random.Random(0)
     r = RETRIEVERS.build({"name": name}, vocab_size=V, device="cpu")
     prompt = torch.tensor([rng.randrange(3, 8) for _ in range(40)])
-    r.reset(prompt, torch.randn(prompt.numel(), V) if r.needs_prefill_logits else None)
+    r.reset(prompt, successors(prompt, torch.randn(prompt.numel(), V), r.prefill_top_k) if r.prefill_top_k else None)
     root = int(prompt[-1])
     for _ in range(6):
         for budget in (1, 2, 5, 17, 60):
@@ -211,7 +218,7 @@ def test_sam_continuations_follow_draft_paths():
 def test_recycle_template_has_the_paper_shape_and_gathers_from_m():
     r = RecycleRetriever(RecycleOptions(), V, "cpu")
     prompt = torch.randint(0, V, (30,))
-    r.reset(prompt, torch.randn(30, V))
+    r.reset(prompt, successors(prompt, torch.randn(30, V), r.k))
     tree = r.retrieve(100)
     tree.check()
     assert tree.size == 1 + sum(PAPER_WIDTHS) == 53
@@ -246,12 +253,12 @@ def test_recycle_prefill_warm_and_persistence():
     prompt = ids(3, 4, 5)
     logits = torch.randn(3, V)
     kept = RecycleRetriever(RecycleOptions(top_k=2, widths=[2]), V, "cpu")
-    kept.reset(prompt, logits)
+    kept.reset(prompt, successors(prompt, logits, 2))
     assert kept.ids[4].tolist() == torch.topk(logits[1], 2).indices.tolist()
     kept.reset(ids(9), None)
     assert kept.ids[4].tolist() == torch.topk(logits[1], 2).indices.tolist()  # persists across prompts
     fresh = RecycleRetriever(RecycleOptions(top_k=2, widths=[2], persist=False), V, "cpu")
-    fresh.reset(prompt, logits)
+    fresh.reset(prompt, successors(prompt, logits, 2))
     fresh.reset(ids(9), None)
     assert fresh.ids[4].tolist() == [0, 1]
 
@@ -287,3 +294,35 @@ def test_recycle_continuations_follow_the_top_candidate():
     assert frag.tokens[frag.under == 0].tolist() == [4, 5] and frag.tokens[frag.under == 1].tolist() == [5, 6]
     assert frag.depth.tolist() == [1, 1, 2, 2]
     assert bool((frag.score[2:] < frag.score[:2]).all())
+
+
+def test_recycle_warm_up_reads_successors_in_chunks_exactly_as_from_full_logits():
+    """Prefill hands recycle the top-k after each distinct prompt token, lm_head chunk by chunk, never the
+    [S, V] logits; M comes out identical to the former warm-up that wrote every row from [S, V] logits."""
+    from tiny import VOCAB as TINY_VOCAB
+    from tiny import tiny_target
+
+    target = tiny_target("llama")
+    rng = random.Random(0)
+    prompt = torch.tensor([rng.randrange(3, 60) for _ in range(300)])  # 300 positions, fewer distinct tokens
+    opts = RecycleOptions(top_k=5, widths=[5, 4])
+    before = RecycleRetriever(opts, TINY_VOCAB, "cpu")
+    full = target.prefill(prompt, target.new_cache(320), want_aux=False, all_logits=True)  # [S, V]
+    before.update(prompt, full.logits)  # later positions overwrite earlier ones of the same token
+    with torch.inference_mode():
+        hidden = target.model(prompt[None], output_hidden_states=True).hidden_states[-1][0]  # [S, H]
+    for chunk in (1, 7, 256):
+        succ = target.successors(prompt, hidden, opts.top_k, chunk=chunk)
+        after = RecycleRetriever(opts, TINY_VOCAB, "cpu")
+        after.reset(prompt, succ)
+        assert torch.equal(after.ids, before.ids), chunk
+        # a matmul of a few rows may round its last bit differently from one of S rows
+        assert torch.allclose(after.logp, before.logp, rtol=0, atol=1e-5), chunk
+    r = RecycleRetriever(opts, TINY_VOCAB, "cpu")
+    out = target.prefill(prompt, target.new_cache(320), want_aux=False, successors=r.prefill_top_k)
+    plain = target.prefill(prompt, target.new_cache(320), want_aux=False)  # what every other method's prefill gives
+    assert out.logits.shape == (1, TINY_VOCAB) and torch.equal(out.logits, plain.logits)
+    assert out.successors.tokens.tolist() == sorted(set(prompt.tolist()))
+    r.reset(prompt, out.successors)
+    assert torch.equal(r.ids, before.ids) and torch.equal(r.logp, before.logp)
+    assert RecycleRetriever(RecycleOptions(warm_prefill=False), TINY_VOCAB, "cpu").prefill_top_k == 0

@@ -99,14 +99,13 @@ def ar_logits(target: Target, prompt: torch.Tensor, tokens: list[int]) -> torch.
 
 
 @torch.inference_mode()
-def batched_deviation(target: Target, prompt: torch.Tensor, tokens: list[int], reference: torch.Tensor, chain: int,
-                      all_logits: bool) -> float:
+def batched_deviation(target: Target, prompt: torch.Tensor, tokens: list[int], reference: torch.Tensor, chain: int) -> float:
     """Largest |logit difference| between `reference` (ar_logits over `tokens`) and the batched forwards over the
     same tokens: the prefill as the method runs it, then chains of `chain` tokens, one forward each."""
     # reference: [len(tokens) + 1, V]
     dev = target.device
     cache = target.new_cache(prompt.numel() + len(tokens) + 1)
-    first = target.prefill(prompt, cache, want_aux=False, all_logits=all_logits).logits[-1]
+    first = target.prefill(prompt, cache, want_aux=False).logits[-1]
     worst = float((first - reference[0]).abs().max())
     ids = torch.tensor(tokens, dtype=torch.long, device=dev)
     for s in range(0, len(tokens), chain):
@@ -135,7 +134,7 @@ def method_logits(target: Target, method: Method, prompt: torch.Tensor, tokens: 
     per decoding step a chain of its root and accepted tokens, verified and committed."""
     want_aux = method.drafter.needs_features
     cache = target.new_cache(prompt.numel() + p + max(accept_lengths, default=1) + 1)
-    out = target.prefill(prompt, cache, want_aux, all_logits=method.retriever.needs_prefill_logits)
+    out = target.prefill(prompt, cache, want_aux, successors=method.retriever.prefill_top_k)
     if p == 0:
         return out.logits[-1]
     e = 1  # index of the first token the step emits; its root is tokens[e - 1]
@@ -183,8 +182,7 @@ class Auditor:
             flip = p is not None and p < min(len(t.tokens), len(t.ar_tokens))
             n = max(min(len(t.ar_tokens), BOUND_TOKENS) if t.sampled else 0, p if flip else 0)
             ref = ar_logits(self.target, t.prompt, t.ar_tokens[:n])  # [n + 1, V]
-            bound = max(bound, batched_deviation(self.target, t.prompt, t.ar_tokens[:n], ref, self.method.budget,
-                                                 self.method.retriever.needs_prefill_logits))
+            bound = max(bound, batched_deviation(self.target, t.prompt, t.ar_tokens[:n], ref, self.method.budget))
             if p is not None:
                 pending.append((t, p, ref[p] if flip else None))
         divergences = [self.explain(t, p, row, bound) for t, p, row in pending]

@@ -41,11 +41,14 @@ class TreeConfig:
     total_tokens: int = 60  # K: nodes verified per step, root included
     depth: int = 7  # draft levels
     top_k: int = 10  # children per expanded node
+    plan: str = "fixed"  # fixed: verify the grafted tree; auto: the cost model picks N <= K each step (K a cap)
 
     def __post_init__(self):
         for name in ("total_tokens", "depth", "top_k"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"tree.{name} must be >= 1, got {getattr(self, name)}")
+        if self.plan not in ("fixed", "auto"):
+            raise ConfigError(f"tree.plan must be 'fixed' or 'auto', got '{self.plan}'")
 
 
 @dataclass
@@ -126,6 +129,8 @@ def validate(cfg: DictConfig | dict) -> tuple[RunConfig, dict[str, Any]]:
         raise ConfigError(f"invalid config{f' at {key}' if key else ''}: {exc.msg if hasattr(exc, 'msg') else exc}") from None
     options = {group: reg.options(data[group]) for group, reg in PLUGGABLE.items()}
     check_combination(run, data)
+    if data["pruner"]["name"] == "cost" and run.tree.plan != "auto":
+        raise ConfigError("pruner=cost needs tree=auto (tree.plan=auto): it prices draft levels with the cost model")
     return run, options
 
 

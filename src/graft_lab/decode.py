@@ -1,7 +1,8 @@
-"""The decode loop: draft -> retrieve -> graft -> verify -> accept -> commit, one screen long.
+"""The decode loop: draft -> retrieve -> graft -> plan -> verify -> accept -> commit, one screen long.
 
 Every method (AR, dense EAGLE-3, pruned, grafted, any retriever) is this loop with other parts; AR is
-the case where the tree is the root alone. Output is the target's own, token for token (greedy) or in
+the case where the tree is the root alone. The plan stage passes a fixed tree through, or (tree=auto)
+keeps the nodes worth verifying on this machine. Output is the target's own, token for token (greedy) or in
 distribution (sampling), because only `verify.accept` decides what is emitted.
 """
 
@@ -16,6 +17,7 @@ from .errors import ContextLimitError
 from .graft import Graft
 from .metrics import PhaseTimer, StepRecord
 from .models.target import Target
+from .planner import FixedPlanner, Planner
 from .pruners.base import Pruner
 from .retrievers.base import Retriever
 from .stopping import StopRule
@@ -24,13 +26,15 @@ from .verify import SamplingParams, accept, target_probs
 
 @dataclass
 class Method:
-    """The parts that make one decoding method; `budget` is K, the verified nodes per step (root included)."""
+    """The parts that make one decoding method; `budget` is K, the verified nodes per step (root included),
+    a cap when the planner chooses (tree=auto)."""
 
     drafter: Drafter
     pruner: Pruner
     retriever: Retriever
     graft: Graft
     budget: int
+    planner: Planner = field(default_factory=FixedPlanner)
 
 
 @dataclass
@@ -66,8 +70,8 @@ def generate(
     timer = PhaseTimer(target.device)
     want_aux = method.drafter.needs_features
     with timer.phase("prefill"):
-        out = target.prefill(prompt, cache, want_aux, all_logits=method.retriever.needs_prefill_logits)
-        method.retriever.reset(prompt, out.logits if method.retriever.needs_prefill_logits else None)
+        out = target.prefill(prompt, cache, want_aux, successors=method.retriever.prefill_top_k)
+        method.retriever.reset(prompt, out.successors)
         root = first_token(out.logits[-1], params, generator)
         method.retriever.extend(prompt.new_tensor([root]))
     gen = Generation(tokens=[root], prefill_s=timer.total("prefill"))
@@ -83,6 +87,9 @@ def generate(
             retrieved = method.retriever.retrieve(method.budget)  # over-retrieve: grafting folds duplicates, then cuts to K
         with timer.phase("graft"):
             tree = method.graft(draft, retrieved, method.budget)  # DraftTree, at most K nodes
+        with timer.phase("plan"):
+            plan = method.planner.plan(tree, start, timer.elapsed())  # tree=auto: the best N <= K; else as is
+        tree = plan.tree
         with timer.phase("verify"):
             out = target.verify(tree, cache, want_aux)  # logits: [N, V], aux: [N, 3H]
         with timer.phase("accept"):
@@ -92,9 +99,11 @@ def generate(
             target.commit(cache, start, acc.path)
             method.retriever.observe(tree, out.logits)
             method.retriever.extend(new)
+        with timer.phase("plan"):
+            method.planner.observe(plan, acc.path, timer.times)  # calibrate acceptance and step cost
         pairs = DraftInput(out.aux[acc.path] if want_aux else None, new, start=start)
         gen.tokens.extend(new.tolist())
-        gen.steps.append(StepRecord.of(tree, acc.path, timer))
+        gen.steps.append(StepRecord.of(tree, acc.path, timer, plan))
         hit = stop.first_stop(context, gen.tokens, new.numel())  # EOS, length or a stop string inside the step
     gen.tokens, gen.stop_reason = (gen.tokens[: hit.length], hit.reason) if hit else (gen.tokens, "context")
     return gen

@@ -1,17 +1,24 @@
-"""Per-step and per-turn figures: phase times, accepted length, tree composition."""
+"""Per-step and per-turn figures: phase times, accepted length, tree composition, the planner's predictions;
+run-level figures: tau, end-to-end and decode-only speedup, prefill's share, the cost model's calibration."""
 
 from __future__ import annotations
 
 import time
 from collections import defaultdict
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
 from .tree import DraftTree, Source
 
-PHASES = ("draft", "retrieve", "graft", "verify", "accept", "update")
+if TYPE_CHECKING:
+    from .planner import Plan
+
+PHASES = ("draft", "retrieve", "graft", "plan", "verify", "accept", "update")
+CALIBRATION_EDGES = (1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 4.0, 6.0)  # predicted tokens per step, bin lower edges
 
 
 class PhaseTimer:
@@ -34,6 +41,10 @@ class PhaseTimer:
     def total(self, name: str) -> float:
         return self.times.get(name, 0.0)
 
+    def elapsed(self) -> float:
+        """Seconds of every finished phase since the last reset."""
+        return sum(self.times.values())
+
     def reset(self) -> None:
         self.times = defaultdict(float)
 
@@ -46,9 +57,16 @@ class StepRecord:
     drafted: int
     retrieved: int
     times: dict[str, float]
+    predicted_tokens: float | None = None  # the planner's expected accept_length (tree=auto), else None
+    predicted_time: float | None = None  # the planner's expected step seconds
+    verify_ratio: float | None = None  # the profile's t_verify(tree_size) / t_verify(1) at this step
+
+    @property
+    def step_time(self) -> float:
+        return sum(self.times.values())
 
     @staticmethod
-    def of(tree: DraftTree, path: torch.Tensor, timer: PhaseTimer) -> "StepRecord":
+    def of(tree: DraftTree, path: torch.Tensor, timer: PhaseTimer, plan: "Plan | None" = None) -> "StepRecord":
         src = tree.source
         return StepRecord(
             accept_length=int(path.numel()),
@@ -57,6 +75,9 @@ class StepRecord:
             drafted=int((src == Source.DRAFT).sum()),
             retrieved=int((src == Source.RETRIEVED).sum()),
             times=dict(timer.times),
+            predicted_tokens=plan.expected_tokens if plan else None,
+            predicted_time=plan.expected_time if plan else None,
+            verify_ratio=plan.verify_ratio if plan else None,
         )
 
 
@@ -72,6 +93,11 @@ class TurnStats:
     retrieved: int
     accepted_retrieved: int
     peak_memory_mb: float = 0.0  # CUDA max allocated during the turn, or the process's peak RSS so far
+    tree_sizes: list[int] = field(default_factory=list)  # per step: nodes verified (the chosen N)
+    step_times: list[float] = field(default_factory=list)  # per step: measured seconds
+    predicted_tokens: list[float | None] = field(default_factory=list)  # per step (tree=auto), else None
+    predicted_times: list[float | None] = field(default_factory=list)
+    verify_ratios: list[float | None] = field(default_factory=list)
 
     @staticmethod
     def of(tokens: list[int], steps: list[StepRecord], prefill_s: float, wall_time: float,
@@ -89,12 +115,18 @@ class TurnStats:
             retrieved=sum(s.retrieved for s in steps),
             accepted_retrieved=sum(s.accepted_retrieved for s in steps),
             peak_memory_mb=peak_mb,
+            tree_sizes=[s.tree_size for s in steps],
+            step_times=[s.step_time for s in steps],
+            predicted_tokens=[s.predicted_tokens for s in steps],
+            predicted_times=[s.predicted_time for s in steps],
+            verify_ratios=[s.verify_ratio for s in steps],
         )
 
 
 def aggregate(turns: list[TurnStats], baseline: list[TurnStats] | None) -> dict:
-    """Run-level figures: tau (bonus included), throughput, speedup over the interleaved AR baseline,
-    phase shares and per-position acceptance rates."""
+    """Run-level figures: tau (bonus included), throughput, speedup over the interleaved AR baseline (end
+    to end, and decode-only with prefill excluded), prefill's share, phase shares, per-position acceptance
+    rates, and with tree=auto the planner's calibration and efficiency."""
     lengths = [a for t in turns for a in t.accept_lengths]
     steps = max(len(lengths), 1)
     tokens = sum(t.new_tokens for t in turns)
@@ -121,12 +153,66 @@ def aggregate(turns: list[TurnStats], baseline: list[TurnStats] | None) -> dict:
         "baseline_tokens_per_s": None,
         "speedup": None,
     }
+    sizes = [n for t in turns for n in t.tree_sizes]
+    out["mean_tree_size"] = sum(sizes) / len(sizes) if sizes else None
+    out.update(decode_only(turns, ""))
+    out.update(baseline_decode_tokens_per_s=None, baseline_prefill_share=None, decode_speedup=None)
+    out["calibration"] = calibration(turns)
     if baseline:
         b_tokens = sum(t.new_tokens for t in baseline)
         b_wall = sum(t.wall_time for t in baseline)
         out["baseline_tokens_per_s"] = b_tokens / b_wall if b_wall else 0.0
         out["speedup"] = out["tokens_per_s"] / out["baseline_tokens_per_s"] if out["baseline_tokens_per_s"] else None
+        out.update(decode_only(baseline, "baseline_"))
+        base = out["baseline_decode_tokens_per_s"]
+        out["decode_speedup"] = out["decode_tokens_per_s"] / base if base else None
+    out.update(efficiency(turns, out.get("decode_speedup")))
     return out
+
+
+def decode_only(turns: list[TurnStats], prefix: str) -> dict:
+    """Throughput with prefill excluded (the first token, which prefill yields, too) and prefill's share
+    of the wall time."""
+    wall = sum(t.wall_time for t in turns)
+    prefill = sum(t.phase_times.get("prefill", 0.0) for t in turns)
+    tokens = sum(max(0, t.new_tokens - 1) for t in turns)
+    return {
+        f"{prefix}decode_tokens_per_s": tokens / (wall - prefill) if wall > prefill else 0.0,
+        f"{prefix}prefill_share": prefill / wall if wall else 0.0,
+    }
+
+
+def calibration(turns: list[TurnStats]) -> dict | None:
+    """How well the planner predicted (tree=auto): tokens per step and step time, predicted against
+    realised, over the steps with a prediction; None when there were none."""
+    rows = [(p, a, pt, mt) for t in turns
+            for p, a, pt, mt in zip(t.predicted_tokens, t.accept_lengths, t.predicted_times, t.step_times) if p is not None]
+    if not rows:
+        return None
+    pred, real, p_time, m_time = (np.asarray(c, dtype=np.float64) for c in zip(*rows))
+    bins = np.searchsorted(CALIBRATION_EDGES, pred, side="right") - 1
+    return {
+        "steps": len(rows),
+        "predicted_tau": float(pred.mean()),
+        "realised_tau": float(real.mean()),
+        "tokens_error": float(np.abs(pred - real).mean()),  # mean |predicted - realised| tokens per step
+        "tokens_ratio": float(real.sum() / pred.sum()),  # realised / predicted: 1 is calibrated
+        "time_error": float((np.abs(p_time - m_time) / np.maximum(m_time, 1e-12)).mean()),  # relative
+        "time_ratio": float(m_time.sum() / p_time.sum()),  # measured / predicted step time
+        # per predicted-tokens bin: [lower edge, mean predicted, mean realised, steps]
+        "bins": [[CALIBRATION_EDGES[b], float(pred[bins == b].mean()), float(real[bins == b].mean()), int((bins == b).sum())]
+                 for b in range(len(CALIBRATION_EDGES)) if (bins == b).any()],
+    }
+
+
+def efficiency(turns: list[TurnStats], decode_speedup: float | None) -> dict:
+    """Where a cost profile priced the steps: the ideal speedup tau x t(1) / t(N) (tokens per AR-step
+    equivalent of verification, summed over steps) and the share of it the decode-only speedup reached."""
+    rows = [(a, r) for t in turns for a, r in zip(t.accept_lengths, t.verify_ratios) if r is not None]
+    if not rows:
+        return {"ideal_speedup": None, "efficiency": None}
+    ideal = sum(a for a, _ in rows) / sum(r for _, r in rows)
+    return {"ideal_speedup": ideal, "efficiency": decode_speedup / ideal if decode_speedup else None}
 
 
 def peak_memory_mb(device: torch.device) -> float:

@@ -1,9 +1,12 @@
 """Figures from the results table, and the per-run figures the W&B logger uploads.
 
     python -m graft_lab.plot pareto [--results results] [--out results/pareto.png]
+    python -m graft_lab.plot calibration --run RUN_DIR [--out RUN_DIR/calibration.png]
 
 The Pareto figure has three panels: speedup against tau, speedup against the verification budget K
 (frontier points ringed), and per-category speedup of each method's best run; one colour per method.
+The calibration figure (a tree=auto run) has two: each node's predicted path probability against the
+share of such nodes verification accepted, and each step's predicted tokens against the realised ones.
 """
 
 from __future__ import annotations
@@ -92,6 +95,33 @@ def pareto_figure(df: pd.DataFrame):
     return fig
 
 
+def calibration_figure(summary: dict):
+    """Predicted against realised acceptance, from a run's summary (tree=auto); the diagonal is perfect."""
+    nodes = summary.get("acceptance_reliability") or []
+    steps = (summary.get("calibration") or {}).get("bins") or []
+    if not nodes and not steps:
+        raise ValueError("the summary has no calibration data: only tree=auto runs predict acceptance")
+    fig, (ax_n, ax_s) = plt.subplots(1, 2, figsize=(10, 4.2))
+    if nodes:
+        pred, real, count = (np.asarray(c, dtype=float) for c in zip(*nodes))
+        ax_n.plot([0, 1], [0, 1], "k--", lw=1)
+        ax_n.scatter(pred, real, s=20 + 80 * count / count.max(), zorder=3)
+    ax_n.set(xlim=(0, 1), ylim=(0, 1), xlabel="predicted path probability", ylabel="share accepted",
+             title="per node")
+    if steps:
+        _, pred, real, count = (np.asarray(c, dtype=float) for c in zip(*steps))
+        hi = max(pred.max(), real.max()) * 1.05
+        ax_s.plot([1, hi], [1, hi], "k--", lw=1)
+        ax_s.scatter(pred, real, s=20 + 80 * count / count.max(), zorder=3)
+    cal = summary.get("calibration") or {}
+    ratio = f" (realised / predicted {cal['tokens_ratio']:.2f})" if cal.get("tokens_ratio") else ""
+    ax_s.set(xlabel="predicted tokens per step", ylabel="realised tokens per step", title=f"per step{ratio}")
+    for ax in (ax_n, ax_s):
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
 def run_figures(summary: dict) -> dict:
     """Per-run figures: acceptance rate by draft position, phase time shares, per-category tau."""
     figs = {}
@@ -111,6 +141,8 @@ def run_figures(summary: dict) -> dict:
     ax.set(ylabel="tau", title="per category")
     ax.tick_params(axis="x", rotation=30)
     figs["per_category"] = fig
+    if summary.get("calibration") or summary.get("acceptance_reliability"):
+        figs["calibration"] = calibration_figure(summary)
     for f in figs.values():
         f.tight_layout()
     return figs
@@ -118,11 +150,25 @@ def run_figures(summary: dict) -> dict:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("figure", choices=["pareto"])
+    ap.add_argument("figure", choices=["pareto", "calibration"])
     ap.add_argument("--results", default="results", help="the results_dir holding runs.parquet")
-    ap.add_argument("--out", help="PNG path (default: <results>/pareto.png)")
+    ap.add_argument("--run", help="calibration: the run directory holding summary.json")
+    ap.add_argument("--out", help="PNG path (default: <results>/pareto.png, <run>/calibration.png)")
     args = ap.parse_args(argv)
     plt.switch_backend("Agg")  # files only, also where a display exists
+    if args.figure == "calibration":
+        if not args.run or not (Path(args.run) / "summary.json").is_file():
+            raise SystemExit("calibration needs --run DIR with a summary.json (a run with tree=auto)")
+        try:
+            fig = calibration_figure(json.loads((Path(args.run) / "summary.json").read_text()))
+        except ValueError as exc:
+            raise SystemExit(str(exc)) from None
+        out = Path(args.out or Path(args.run) / "calibration.png")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(out, dpi=120)
+        plt.close(fig)
+        print(f"calibration -> {out}")
+        return
     df = load_runs(args.results)
     out = Path(args.out or Path(args.results) / "pareto.png")
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -28,9 +28,21 @@ def print_summary(summary: dict, out_dir: Path) -> None:
         ("tokens/s", f"{summary['tokens_per_s']:.1f}"),
         ("AR baseline tokens/s", f"{summary['baseline_tokens_per_s']:.1f}" if summary.get("baseline_tokens_per_s") else "-"),
         ("speedup vs AR (same run)", f"{speed:.2f}x" if speed else "-"),
+        ("decode-only speedup (prefill excluded)", f"{d:.2f}x" if (d := summary.get("decode_speedup")) else "-"),
+        ("prefill share of wall time", f"{100 * summary.get('prefill_share', 0.0):.0f}%"),
         ("drafted / retrieved nodes per step", f"{summary['drafted_per_step']:.1f} / {summary['retrieved_per_step']:.1f}"),
         ("output identical to AR", audit_line(summary)),
     ]
+    cal = summary.get("calibration")
+    if cal:  # tree=auto: what the planner chose and how well it predicted
+        eff = summary.get("efficiency")
+        rows += [
+            ("verified nodes per step (chosen N)", f"{summary['mean_tree_size']:.1f}"),
+            ("tokens per step predicted / realised", f"{cal['predicted_tau']:.2f} / {cal['realised_tau']:.2f} "
+                                                     f"(mean error {cal['tokens_error']:.2f})"),
+            ("step time measured / predicted", f"{cal['time_ratio']:.2f}"),
+            ("efficiency (speedup / tau x t(1)/t(N))", f"{eff:.2f}" if eff else "-"),
+        ]
     share = summary.get("phase_share", {})
     rows.append(("phase shares", "  ".join(f"{p} {100 * share.get(p, 0):.0f}%" for p in ("prefill", *PHASES) if p in share)))
     width = max(len(k) for k, _ in rows)

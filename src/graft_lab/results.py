@@ -21,9 +21,9 @@ METRICS = (
     "complete", "tau", "speedup", "tokens_per_s", "baseline_tokens_per_s", "new_tokens", "steps", "wall_time_s",
     "drafted_per_step", "retrieved_per_step", "accepted_retrieved_per_step", "peak_memory_mb", "n_questions",
     "n_turns", "matches_baseline", "match_share", "noise_bound", "unexplained_divergences", "device", "config_hash",
-    "git_commit",
+    "git_commit", "decode_speedup", "prefill_share", "decode_tokens_per_s", "mean_tree_size", "ideal_speedup", "efficiency",
 )
-JSON_FIELDS = ("acceptance_by_position", "per_category", "versions", "mismatched_questions", "divergences")
+JSON_FIELDS = ("acceptance_by_position", "per_category", "versions", "mismatched_questions", "divergences", "calibration")
 
 
 def method_name(config: dict[str, Any]) -> str:

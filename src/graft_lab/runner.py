@@ -23,6 +23,8 @@ from .errors import ConfigError
 from .graft import GRAFTS, graft_root
 from .metrics import TurnStats, aggregate, peak_memory_mb
 from .models.target import Target, load_model
+from .planner import build_planner
+from .profile import drafter_id
 from .pruners import PRUNERS, NoPruner
 from .retrievers import RETRIEVERS, NoRetriever
 from .stopping import StopStrings
@@ -44,12 +46,17 @@ def build_method(target: Target, run: RunConfig, nodes: dict[str, Any]) -> Metho
     if run.tree.top_k > target.vocab_size:
         raise ConfigError(f"tree.top_k ({run.tree.top_k}) is larger than the vocabulary ({target.vocab_size})")
     retriever = RETRIEVERS.build(nodes["retriever"], vocab_size=target.vocab_size, device=target.device)
+    drafter = DRAFTERS.build(nodes["drafter"], target=target)
+    # tree=auto: the cost model, with this machine's profile (cached, or measured now in a few seconds)
+    planner = build_planner(run.tree.plan, target, drafter, run.tree.total_tokens, run.model.path,
+                            drafter_id(nodes["drafter"]))
     return Method(
-        drafter=DRAFTERS.build(nodes["drafter"], target=target),
-        pruner=PRUNERS.build(nodes["pruner"]),
+        drafter=drafter,
+        pruner=PRUNERS.build(nodes["pruner"], planner=planner),  # pruner=cost prices levels with it
         retriever=retriever,
         graft=GRAFTS.build(nodes["graft"], retriever=retriever),  # tail / match query the retriever
         budget=run.tree.total_tokens,
+        planner=planner,
     )
 
 
@@ -117,6 +124,11 @@ def answer_question(target, method, baseline, q: Question, run: RunConfig, model
             "decoding_steps": [len(s.accept_lengths) for s in stats],
             "accept_lengths": [s.accept_lengths for s in stats],
             "peak_memory_mb": [s.peak_memory_mb for s in stats],
+            "tree_sizes": [s.tree_sizes for s in stats],  # per step: nodes verified
+            "step_times": [s.step_times for s in stats],  # per step: seconds
+            # tree=auto: the planner's expected tokens and step seconds per step; None for a fixed tree
+            "predicted_tokens": [None if None in s.predicted_tokens else s.predicted_tokens for s in stats],
+            "predicted_step_times": [None if None in s.predicted_times else s.predicted_times for s in stats],
             "output_ids": ids,
         }],
         "stop_reasons": turns,
@@ -128,6 +140,11 @@ def answer_question(target, method, baseline, q: Question, run: RunConfig, model
         "tstamp": time.time(),
     }
     return record, stats, base_stats
+
+
+def reliability(method: Method) -> list | None:
+    acceptance = getattr(method.planner, "acceptance", None)
+    return acceptance.reliability() if acceptance is not None else None
 
 
 def atomic_write_json(path: Path, data: dict) -> None:
@@ -180,6 +197,8 @@ def run(run_cfg: RunConfig, nodes: dict[str, Any], out_dir: Path, meta: dict) ->
         "peak_memory_mb": max((s.peak_memory_mb for s in all_stats + all_base), default=peak_memory_mb(target.device)),
         "device": str(target.device),
         "tree": asdict(run_cfg.tree),
+        # tree=auto: per predicted path-probability bin, [mean predicted, share accepted, nodes]
+        "acceptance_reliability": reliability(method),
         **meta,
     }
     atomic_write_json(out_dir / "summary.json", summary)

@@ -61,6 +61,19 @@ class TreeKVLayer(CacheLayerMixin):
     def crop(self, length: int) -> None:
         self.length = min(self.length, length)
 
+    @torch.inference_mode()
+    def fill_random(self, length: int, generator: torch.Generator | None = None) -> None:
+        """Pretend `length` positions are committed, holding random keys and values (for cost measurement:
+        attention then costs what it would after a real prefill of that length, without running one)."""
+        if not self.is_initialized:
+            raise RuntimeError("fill_random needs a layer that has seen one forward (its shapes)")
+        if length > self.max_len:
+            raise RuntimeError(f"KV cache overflow: {length} > max_len {self.max_len}")
+        for buf in (self.keys, self.values):
+            noise = torch.randn(buf[:, :, :length].shape, generator=generator, dtype=torch.float32)
+            buf[:, :, :length] = noise.to(buf)
+        self.length = length
+
 
 class TreeKVCache(Cache):
     """A transformers `Cache` made of `TreeKVLayer`s; `length` is the number of committed positions."""
@@ -80,3 +93,8 @@ class TreeKVCache(Cache):
     def crop(self, length: int) -> None:
         for layer in self.layers:
             layer.crop(length)
+
+    def fill_random(self, length: int, seed: int = 0) -> None:
+        generator = torch.Generator().manual_seed(seed)
+        for layer in self.layers:
+            layer.fill_random(length, generator)

@@ -24,10 +24,37 @@ DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfl
           "float16": torch.float16, "fp16": torch.float16}
 
 
+SUCCESSOR_CHUNK = 256  # positions per lm_head call when prefill reads top-k successors
+
+
+def top_k_logp(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """ids [T, k] and log-probabilities [T, k] (float32) of the k likeliest next tokens; logits: [T, V]."""
+    vals, ids = torch.topk(logits, k, dim=-1)
+    return ids, (vals - torch.logsumexp(logits, dim=-1, keepdim=True)).float()
+
+
+@dataclass(frozen=True)
+class Successors:
+    """The target's top-k next tokens after each distinct prompt token, at its last occurrence in the prompt."""
+
+    tokens: torch.Tensor  # [U] distinct prompt tokens
+    ids: torch.Tensor  # [U, k] int64
+    logp: torch.Tensor  # [U, k] float32 log-probabilities
+
+    @staticmethod
+    def last_positions(ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(distinct tokens [U], the position of each one's last occurrence [U]) of ids [S]."""
+        tokens, inverse = torch.unique(ids, return_inverse=True)
+        pos = torch.arange(ids.numel(), device=ids.device)
+        last = torch.full((tokens.numel(),), -1, dtype=torch.long, device=ids.device)
+        return tokens, last.scatter_reduce(0, inverse, pos, reduce="amax")
+
+
 @dataclass
 class TargetOutput:
     logits: torch.Tensor  # [T, V] next-token logits per input position (float32)
     aux: torch.Tensor | None  # [T, n_aux * H] low/mid/high hidden states for the drafter, or None
+    successors: Successors | None = None  # prefill only, when asked for
 
 
 def default_aux_layers(num_layers: int) -> tuple[int, ...]:
@@ -147,6 +174,7 @@ class Target:
         tree_mask: torch.Tensor | None = None,
         want_aux: bool = False,
         last_only: bool = False,
+        successors: int = 0,
     ) -> TargetOutput:
         # ids, positions: [T]; tree_mask: [T, T] bool ancestor mask, None for a causal (prefill) forward
         kwargs = {}
@@ -162,12 +190,21 @@ class Target:
             position_ids=positions[None],
             cache=cache,
             use_cache=True,
-            output_hidden_states=want_aux,
+            output_hidden_states=want_aux or successors > 0,
             logits_to_keep=1 if last_only else 0,
             **kwargs,
         )
         aux = torch.cat([out.hidden_states[i][0] for i in self.aux_layers], dim=-1) if want_aux else None
-        return TargetOutput(logits=out.logits[0].float(), aux=aux)
+        succ = self.successors(ids, out.hidden_states[-1][0], successors) if successors > 0 else None
+        return TargetOutput(logits=out.logits[0].float(), aux=aux, successors=succ)
+
+    def successors(self, ids: torch.Tensor, hidden: torch.Tensor, k: int, chunk: int = SUCCESSOR_CHUNK) -> Successors:
+        """Top-k next tokens after each distinct token of `ids` ([T]) at its last occurrence, from the final
+        hidden states ([T, H], what lm_head reads) through lm_head `chunk` positions at a time: never [T, V]."""
+        tokens, last = Successors.last_positions(ids)
+        head = self.model.get_output_embeddings()
+        parts = [top_k_logp(head(hidden[last[i : i + chunk]]).float(), k) for i in range(0, last.numel(), chunk)]
+        return Successors(tokens, torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]))
 
     def tree_attention_mask(self, tree_mask: torch.Tensor, prefix: int) -> torch.Tensor:
         """[1, 1, T, prefix + T] additive mask: the whole prefix, then the node's ancestors and itself."""
@@ -176,10 +213,12 @@ class Target:
         mask[0, 0, :, prefix:].masked_fill_(~tree_mask, torch.finfo(self.dtype).min)
         return mask
 
-    def prefill(self, ids: torch.Tensor, cache: TreeKVCache, want_aux: bool, all_logits: bool = False) -> TargetOutput:
+    def prefill(self, ids: torch.Tensor, cache: TreeKVCache, want_aux: bool, all_logits: bool = False,
+                successors: int = 0) -> TargetOutput:
         # ids: [S] prompt tokens, written to the cache from position cache.length; logits: [S or 1, V]
+        # successors > 0: also the top-k next tokens of each distinct prompt token (see `successors`)
         positions = torch.arange(cache.length, cache.length + ids.numel(), device=self.device)
-        return self.forward(ids, positions, cache, want_aux=want_aux, last_only=not all_logits)
+        return self.forward(ids, positions, cache, want_aux=want_aux, last_only=not all_logits, successors=successors)
 
     def verify(self, tree: DraftTree, cache: TreeKVCache, want_aux: bool) -> TargetOutput:
         """One forward over every node of `tree` on top of the cache; the nodes' KV stay until `commit`."""

@@ -17,7 +17,7 @@ class Pruner(Protocol):
         """Nodes (root included) the draft may keep when its deepest level is `last_level`."""
 
 
-PRUNERS: Registry[Pruner] = Registry("pruner")
+PRUNERS: Registry[Pruner] = Registry("pruner")  # factories get the method's planner (pruner=cost uses it)
 
 
 class NoPruner:
@@ -31,5 +31,5 @@ class NoPruner:
 
 
 @PRUNERS.register("none")
-def build_none() -> NoPruner:
+def build_none(planner=None) -> NoPruner:
     return NoPruner()

@@ -77,5 +77,5 @@ class DynDepthPruner:
 
 
 @PRUNERS.register("dyn_depth", DynDepthOptions)
-def build_dyn_depth(opts: DynDepthOptions) -> DynDepthPruner:
+def build_dyn_depth(opts: DynDepthOptions, planner=None) -> DynDepthPruner:
     return DynDepthPruner(opts)

@@ -14,6 +14,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from ..models.target import Successors
 from ..registry import Registry
 from ..tree import DraftTree, Source
 
@@ -58,10 +59,11 @@ class Fragment:
 
 
 class Retriever(Protocol):
-    needs_prefill_logits: bool  # whether reset() wants the target's logits at every prompt position
+    prefill_top_k: int  # top-k next tokens per distinct prompt token that reset() wants from prefill (0: none)
 
-    def reset(self, prompt: torch.Tensor, prefill_logits: torch.Tensor | None) -> None:
-        """Start a new sequence. prompt: [S]; prefill_logits: [S, V] or None."""
+    def reset(self, prompt: torch.Tensor, successors: Successors | None) -> None:
+        """Start a new sequence. prompt: [S]; successors: the target's top-`prefill_top_k` next tokens after
+        each distinct prompt token (at its last occurrence), or None."""
 
     def extend(self, tokens: torch.Tensor) -> None:
         """Append emitted tokens [n] to the context; the last one is the next tree's root."""
@@ -145,12 +147,12 @@ def chain_trie(anchors: np.ndarray, chains: np.ndarray, log_decay: float, device
 class NoRetriever:
     """Retrieves nothing: the root alone."""
 
-    needs_prefill_logits = False
+    prefill_top_k = 0
 
     def __init__(self):
         self.root = 0
 
-    def reset(self, prompt: torch.Tensor, prefill_logits: torch.Tensor | None) -> None:
+    def reset(self, prompt: torch.Tensor, successors: Successors | None) -> None:
         self.root = int(prompt[-1])
 
     def extend(self, tokens: torch.Tensor) -> None:

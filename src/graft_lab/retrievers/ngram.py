@@ -17,7 +17,7 @@ import torch
 
 from ..errors import ConfigError
 from ..tree import DraftTree
-from .base import RETRIEVERS, Fragment, TokenBuffer, chain_trie
+from .base import RETRIEVERS, Fragment, Successors, TokenBuffer, chain_trie
 
 
 @dataclass
@@ -38,7 +38,7 @@ class NgramOptions:
 
 
 class NgramRetriever:
-    needs_prefill_logits = False
+    prefill_top_k = 0
 
     def __init__(self, opts: NgramOptions, device: torch.device | str):
         self.opts = opts
@@ -48,7 +48,7 @@ class NgramRetriever:
         self.buf = TokenBuffer()
         self.index: dict[tuple[int, ...], list[int]] = {}  # n-gram -> ascending end positions
 
-    def reset(self, prompt: torch.Tensor, prefill_logits: torch.Tensor | None) -> None:
+    def reset(self, prompt: torch.Tensor, successors: Successors | None) -> None:
         self.ctx, self.buf, self.index = [], TokenBuffer(), {}
         self.extend(prompt)
 

@@ -20,8 +20,9 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError
+from ..models.target import top_k_logp
 from ..tree import DraftTree, Source
-from .base import RETRIEVERS, Fragment
+from .base import RETRIEVERS, Fragment, Successors
 
 PAPER_WIDTHS = [8, 10, 8, 6, 5, 4, 4, 4, 3]  # 52 nodes over 9 depths
 
@@ -30,7 +31,7 @@ PAPER_WIDTHS = [8, 10, 8, 6, 5, 4, 4, 4, 3]  # 52 nodes over 9 depths
 class RecycleOptions:
     top_k: int = 8  # candidates kept per token: the columns of M
     widths: list[int] = field(default_factory=lambda: list(PAPER_WIDTHS))  # template nodes per depth
-    warm_prefill: bool = True  # write M rows from the prompt's prefill logits
+    warm_prefill: bool = True  # write M rows from prefill: the target's top-k after each prompt token
     warm_path: str | None = None  # .npy/.pt: a 1-D token stream, or [n, 3] rows (prev, next, count)
     persist: bool = True  # keep M across sequences, as token recycling does
 
@@ -133,7 +134,7 @@ class RecycleRetriever:
         self.k = opts.top_k
         self.device = torch.device(device)
         self.persist = opts.persist
-        self.needs_prefill_logits = opts.warm_prefill
+        self.prefill_top_k = self.k if opts.warm_prefill else 0
         self.template = Template.rank_path(opts.widths, self.k, self.device)
         empty = torch.zeros(0, dtype=torch.long)
         warm = load_bigrams(opts.warm_path, vocab_size) if opts.warm_path else (empty, empty, empty)
@@ -142,11 +143,11 @@ class RecycleRetriever:
         self.ids, self.logp = (t.clone() for t in self.initial)  # M: [V, k] token ids, [V, k] log-probs
         self.root = torch.zeros(1, dtype=torch.long, device=self.device)
 
-    def reset(self, prompt: torch.Tensor, prefill_logits: torch.Tensor | None) -> None:
+    def reset(self, prompt: torch.Tensor, successors: Successors | None) -> None:
         if not self.persist:
             self.ids, self.logp = (t.clone() for t in self.initial)
-        if prefill_logits is not None:
-            self.update(prompt, prefill_logits)
+        if successors is not None:  # M[x] = the target's top-k after the prompt's last x
+            self.write(successors.tokens, successors.ids, successors.logp)
         self.root = prompt[-1:].to(self.device)
 
     def extend(self, tokens: torch.Tensor) -> None:
@@ -155,9 +156,12 @@ class RecycleRetriever:
     def update(self, tokens: torch.Tensor, logits: torch.Tensor) -> None:
         """M[x_i] = top-k of the target's logits at position i, for all i at once."""
         # tokens: [N]; logits: [N, V]
-        vals, ids = torch.topk(logits, self.k, dim=-1)  # [N, k]
+        self.write(tokens, *top_k_logp(logits, self.k))
+
+    def write(self, tokens: torch.Tensor, ids: torch.Tensor, logp: torch.Tensor) -> None:
+        # tokens: [N]; ids, logp: [N, k]; a repeated token keeps its last row
         self.ids.index_copy_(0, tokens, ids)
-        self.logp.index_copy_(0, tokens, (vals - torch.logsumexp(logits, dim=-1, keepdim=True)).float())
+        self.logp.index_copy_(0, tokens, logp)
 
     def observe(self, tree: DraftTree, logits: torch.Tensor) -> None:
         self.update(tree.tokens, logits)

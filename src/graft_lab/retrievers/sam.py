@@ -17,7 +17,7 @@ import torch
 
 from ..errors import ConfigError
 from ..tree import DraftTree
-from .base import RETRIEVERS, Fragment, TokenBuffer, chain_trie
+from .base import RETRIEVERS, Fragment, Successors, TokenBuffer, chain_trie
 
 
 class SuffixAutomaton:
@@ -80,7 +80,7 @@ class SamOptions:
 
 
 class SamRetriever:
-    needs_prefill_logits = False
+    prefill_top_k = 0
 
     def __init__(self, opts: SamOptions, device: torch.device | str):
         self.opts = opts
@@ -89,7 +89,7 @@ class SamRetriever:
         self.sam = SuffixAutomaton()
         self.buf = TokenBuffer()
 
-    def reset(self, prompt: torch.Tensor, prefill_logits: torch.Tensor | None) -> None:
+    def reset(self, prompt: torch.Tensor, successors: Successors | None) -> None:
         self.sam, self.buf = SuffixAutomaton(), TokenBuffer()
         self.extend(prompt)
 

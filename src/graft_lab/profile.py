@@ -1,0 +1,403 @@
+"""The machine's cost profile: what verifying N tree nodes, and drafting one level, cost for the loaded
+target on this device, dtype, thread count and attention backend.
+
+Measured at first use in a few seconds: sizes N on a grid up to the cap, interleaved in a shuffled order
+per repeat, at two prefix lengths (the KV cache is filled with random keys and values, so no long prefill
+runs), a few repeats, medians. Cached on disk as `<GRAFT_LAB_CACHE or ~/.cache/graft_lab>/profiles/*.json`
+($GRAFT_LAB_PROFILES moves that folder), keyed by everything that changes the curve: model, dtype, device
+and its name (CPU model or GPU), threads, attention backend, torch version, drafter, cap. Refined online:
+every measured verify time pulls the correction factors of the grid sizes around it towards measured /
+predicted (an exponential moving average, in memory; the cached file keeps the measurement).
+
+Its lower envelope, env(N) = min over M >= N of t(M), is what N nodes really cost: never verify N nodes
+when a bigger tree costs less, fill up to the cheapest size instead.
+
+    python -m graft_lab.profile [--model embedded:smollm2-135m-instruct] [--dtype float32] [--cap 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import platform
+import random
+import re
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from .drafters.base import DraftInput, Drafter
+from .errors import GraftLabError
+from .models.embedded import cache_root
+from .models.target import EMBEDDED, Target
+from .tree import DraftTree, Source
+
+GRID = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+PREFIXES = (128, 1024)  # prefix lengths measured (capped by the model's context)
+VERSION = 1  # bump when the measurement changes: old cache files are then ignored
+REFINE_RATE = 0.1  # weight of one measured step in the online correction
+SHIPPED_DRAFTER = "builtin:smollm2-135m-instruct-eagle3"
+
+
+def grid(cap: int) -> list[int]:
+    """The sizes measured for a cap: the grid below it, then the cap itself."""
+    if cap < 1:
+        raise ValueError(f"cap must be >= 1, got {cap}")
+    return sorted({n for n in GRID if n < cap} | {cap})
+
+
+def default_prefixes(max_context: int, cap: int) -> list[int]:
+    hi = max(1, min(PREFIXES[-1], max_context - cap - 1))
+    return sorted({max(1, min(PREFIXES[0], hi // 4)), hi})
+
+
+@dataclass
+class CostProfile:
+    key: dict[str, Any]  # what the profile was measured for (see `profile_key`)
+    sizes: list[int]  # N grid, ascending, from 1 to the cap
+    prefixes: list[int]  # prefix lengths measured, ascending
+    verify_s: list[list[float]]  # [P][G] median seconds of one verification of sizes[g] nodes after prefixes[p]
+    draft_base_s: float  # a draft that stops after level 0: ingest the new pairs, the root's children
+    draft_level_s: float  # each further draft level
+    measure_s: float = 0.0  # how long measuring took
+    repeats: int = 0  # measured repeats per size and prefix
+    scale: list[float] = field(default_factory=list)  # online correction per grid size (not saved)
+
+    def __post_init__(self):
+        self._t = np.asarray(self.verify_s, dtype=np.float64)  # [P, G]
+        self._p = np.asarray(self.prefixes, dtype=np.float64)
+        self.scale = list(self.scale) or [1.0] * len(self.sizes)
+
+    @property
+    def cap(self) -> int:
+        return self.sizes[-1]
+
+    def grid_times(self, prefix: int, refined: bool = True) -> np.ndarray:
+        """[G] seconds per grid size after `prefix` tokens: linear in the prefix between the measured ones,
+        flat below the first, extrapolated (never falling) beyond the last."""
+        hi = min(max(int(np.searchsorted(self._p, prefix)), 1), max(1, len(self.prefixes) - 1))
+        lo = hi - 1
+        if len(self.prefixes) == 1 or prefix <= self._p[0]:
+            t = self._t[0]
+        else:
+            slope = (self._t[hi] - self._t[lo]) / (self._p[hi] - self._p[lo])
+            if prefix > self._p[-1]:  # beyond the last: from the last point, never falling
+                t = self._t[hi] + np.maximum(slope, 0.0) * (prefix - self._p[hi])
+            else:
+                t = self._t[lo] + slope * (prefix - self._p[lo])
+        return t * np.asarray(self.scale) if refined else t
+
+    def curve(self, prefix: int) -> np.ndarray:
+        """[cap] t(N) in seconds for N = 1..cap, linear between grid sizes."""
+        return np.interp(np.arange(1, self.cap + 1), self.sizes, self.grid_times(prefix))
+
+    def envelope(self, prefix: int) -> np.ndarray:
+        """[cap] env(N) = min over M >= N of t(M): what verifying N nodes costs when filling up is allowed."""
+        return np.minimum.accumulate(self.curve(prefix)[::-1])[::-1]
+
+    def fill_to(self, prefix: int) -> np.ndarray:
+        """[cap] the size N nodes should fill up to: the largest M >= N with t(M) == env(N)."""
+        t = self.curve(prefix)
+        out = np.empty(self.cap, dtype=np.int64)
+        best = self.cap
+        for n in range(self.cap, 0, -1):
+            if t[n - 1] < t[best - 1]:
+                best = n
+            out[n - 1] = best
+        return out
+
+    def verify_time(self, n: int, prefix: int) -> float:
+        return float(np.interp(n, self.sizes, self.grid_times(prefix)))
+
+    def observe(self, n: int, prefix: int, seconds: float) -> None:
+        """Refine online: pull the correction of the grid sizes around n towards measured / predicted,
+        each by its interpolation weight."""
+        predicted = float(np.interp(n, self.sizes, self.grid_times(prefix, refined=False)))
+        if predicted <= 0 or seconds <= 0:
+            return
+        ratio = min(5.0, max(0.2, seconds / predicted))  # one stall (GC, another process) moves it little
+        hi = min(int(np.searchsorted(self.sizes, n)), len(self.sizes) - 1)
+        lo = max(hi - 1, 0)
+        w = 1.0 if hi == lo or self.sizes[hi] == n else (n - self.sizes[lo]) / (self.sizes[hi] - self.sizes[lo])
+        for g, weight in ((lo, 1.0 - w), (hi, w)):
+            self.scale[g] += REFINE_RATE * weight * (ratio - self.scale[g])
+
+    def to_json(self) -> dict:
+        data = asdict(self)
+        data.pop("scale")
+        return data
+
+    @staticmethod
+    def from_json(data: dict) -> "CostProfile":
+        data = {k: v for k, v in data.items() if k != "scale"}
+        return CostProfile(**data)
+
+
+# ---- measuring -----------------------------------------------------------------------------------
+def probe_tree(n: int, vocab: int, seed: int = 0, device: torch.device | str = "cpu") -> DraftTree:
+    """A tree of n nodes with a realistic shape: top-4 fan-out per level (EAGLE-like)."""
+    parents = torch.tensor([-1] + [(i - 1) // 4 for i in range(1, n)])
+    depth = torch.zeros(n, dtype=torch.long)
+    for i in range(1, n):
+        depth[i] = depth[parents[i]] + 1
+    tokens = torch.randperm(max(vocab, n), generator=torch.Generator().manual_seed(seed))[:n] % vocab  # siblings differ
+    source = torch.full((n,), int(Source.DRAFT), dtype=torch.int8)
+    source[0] = int(Source.ROOT)
+    tree = DraftTree(tokens, parents, depth, torch.zeros(n), source)
+    return DraftTree(*(getattr(tree, f).to(device) for f in ("tokens", "parents", "depth", "score", "source")))
+
+
+class LevelCap:
+    """A pruner that drafts exactly `levels` levels and keeps the whole budget (to time drafting)."""
+
+    def __init__(self, levels: int):
+        self.levels = levels
+
+    def keep_drafting(self, level: int, best_score: float) -> bool:
+        return level + 1 < self.levels
+
+    def draft_budget(self, total: int, last_level: int) -> int:
+        return total
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(fn, device: torch.device) -> float:
+    synchronize(device)
+    t0 = time.perf_counter()
+    fn()
+    synchronize(device)
+    return time.perf_counter() - t0
+
+
+def measure_verify(target: Target, sizes: list[int], prefixes: list[int], want_aux: bool, repeats: int,
+                   budget_s: float) -> tuple[list[list[float]], int]:
+    """[P][G] median verify seconds, every (prefix, size) once per repeat in a shuffled order, after one
+    warm-up round; no repeat starts once `budget_s` is spent (the warm-up's times stand in when none ran).
+    Returns the medians and the repeats done."""
+    dev = target.device
+    caches = []
+    for p in prefixes:
+        cache = target.new_cache(p + sizes[-1] + 1)
+        target.prefill(torch.zeros(1, dtype=torch.long, device=dev), cache, want_aux=False)  # shapes the layers
+        cache.fill_random(p)
+        caches.append(cache)
+    trees = {n: probe_tree(n, target.vocab_size, device=dev) for n in sizes}
+    times: list[list[list[float]]] = [[[] for _ in sizes] for _ in prefixes]
+
+    def verify(cache, p, n):
+        target.verify(trees[n], cache, want_aux)
+        cache.crop(p)
+
+    cells = [(i, g) for i in range(len(prefixes)) for g in range(len(sizes))]
+    rng, start = random.Random(0), time.perf_counter()
+
+    def sweep(into: list[list[list[float]]]) -> None:  # interleaved: drifting load hits every cell alike
+        for i, g in rng.sample(cells, len(cells)):
+            into[i][g].append(timed(lambda: verify(caches[i], prefixes[i], sizes[g]), dev))
+
+    warm: list[list[list[float]]] = [[[] for _ in sizes] for _ in prefixes]
+    sweep(warm)  # allocations, kernel selection
+    done = 0
+    while done < repeats and time.perf_counter() - start <= budget_s:
+        sweep(times)
+        done += 1
+    if done == 0:  # a machine so slow that the warm-up spent the budget: its times are all there are
+        times = warm
+    return [[statistics.median(ts) for ts in row] for row in times], done
+
+
+def measure_draft(target: Target, drafter: Drafter, cap: int, repeats: int) -> tuple[float, float]:
+    """(seconds of a draft that stops after level 0, seconds per further level): drafts of 1 and of
+    `drafter.depth` levels after one new pair, interleaved, medians."""
+    dev = target.device
+    depth = int(getattr(drafter, "depth", 1))
+    context = 64
+    width = len(target.aux_layers) * target.hidden_size
+    feats = torch.randn(context + 1, width, dtype=target.dtype, device=dev) if drafter.needs_features else None
+    tokens = torch.randint(0, target.vocab_size, (context + 1,), device=dev)
+    drafter.reset(context + cap + 1)
+    drafter.draft(DraftInput(None if feats is None else feats[:context], tokens[:context], 0), 1, LevelCap(1))
+    step = DraftInput(None if feats is None else feats[context:], tokens[context:], context)
+    runs: dict[int, list[float]] = {1: [], depth: []}
+    for rep in range(repeats + 1):
+        for levels in runs:
+            dt = timed(lambda: drafter.draft(step, cap, LevelCap(levels)), dev)
+            if rep:  # the first round warms up
+                runs[levels].append(dt)
+    base = statistics.median(runs[1])
+    per_level = (statistics.median(runs[depth]) - base) / (depth - 1) if depth > 1 else 0.0
+    return base, max(0.0, per_level)
+
+
+@torch.inference_mode()
+def measure(target: Target, drafter: Drafter, cap: int, key: dict | None = None, prefixes: list[int] | None = None,
+            repeats: int = 3, budget_s: float = 6.0) -> CostProfile:
+    """Measure the profile now (a few seconds); see the module docstring."""
+    t0 = time.perf_counter()
+    sizes = grid(cap)
+    prefixes = sorted(prefixes or default_prefixes(target.max_context, cap))
+    verify_s, done = measure_verify(target, sizes, prefixes, drafter.needs_features, repeats, budget_s)
+    base, level = measure_draft(target, drafter, cap, repeats=max(3, repeats))
+    return CostProfile(key or {}, sizes, prefixes, verify_s, base, level, time.perf_counter() - t0, done)
+
+
+# ---- the on-disk cache ---------------------------------------------------------------------------
+def device_name(device: torch.device) -> str:
+    """The GPU's name, or the CPU model (from /proc/cpuinfo where there is one)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        for line in cpuinfo.read_text(errors="replace").splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def profile_key(target: Target, model_id: str, drafter_id: str, cap: int) -> dict[str, Any]:
+    """Everything that changes the curve; another machine, dtype or backend gets its own profile."""
+    dev = target.device
+    return {
+        "model": model_id,
+        "layers": target.config.num_hidden_layers,
+        "hidden": target.hidden_size,
+        "vocab": target.vocab_size,
+        "dtype": str(target.dtype).removeprefix("torch."),
+        "device": dev.type,
+        "device_name": device_name(dev),
+        "threads": torch.get_num_threads(),
+        "attn": target.attn,
+        "torch": torch.__version__,
+        "drafter": drafter_id,
+        "cap": cap,
+        "max_context": target.max_context,
+        "version": VERSION,
+    }
+
+
+def profile_dir() -> Path:
+    """$GRAFT_LAB_PROFILES, else profiles/ under graft-lab's cache ($GRAFT_LAB_CACHE or ~/.cache/graft_lab)."""
+    return Path(os.environ.get("GRAFT_LAB_PROFILES") or cache_root() / "profiles")
+
+
+def profile_path(key: dict[str, Any]) -> Path:
+    digest = hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
+    slug = re.sub(r"[^A-Za-z0-9.]+", "-", str(key["model"])).strip("-")[-48:]
+    return profile_dir() / f"{slug}-{key['dtype']}-{key['device']}-{key['threads']}t-{digest}.json"
+
+
+def load(path: Path, key: dict[str, Any]) -> CostProfile | None:
+    """The cached profile for `key`, or None when there is none (or it is unreadable or for another key)."""
+    try:
+        data = json.loads(path.read_text())
+        prof = CostProfile.from_json(data)
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+    return prof if prof.key == key else None
+
+
+def save(profile: CostProfile, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(profile.to_json(), indent=1) + "\n")
+    os.replace(tmp, path)
+
+
+def profile_for(target: Target, drafter: Drafter, model_id: str, drafter_id: str, cap: int,
+                refresh: bool = False, **measure_kwargs) -> tuple[CostProfile, Path, bool]:
+    """The profile of this target and drafter on this machine: read from the cache, or measured now and
+    cached. Returns (profile, its cache file, whether it came from the cache)."""
+    key = profile_key(target, model_id, drafter_id, cap)
+    path = profile_path(key)
+    if not refresh and (cached := load(path, key)) is not None:
+        return cached, path, True
+    prof = measure(target, drafter, cap, key, **measure_kwargs)
+    save(prof, path)
+    return prof, path, False
+
+
+def drafter_id(node) -> str:
+    """A drafter config node (validated options included) as one string: part of the profile's key."""
+    from .drafters import DRAFTERS
+
+    opts = DRAFTERS.options(node)
+    return json.dumps({"name": str(node["name"]), **(asdict(opts) if opts is not None else {})}, sort_keys=True)
+
+
+# ---- python -m graft_lab.profile ---------------------------------------------------------------
+def describe(profile: CostProfile, path: Path, cached: bool) -> str:
+    k = profile.key
+    source = "read from" if cached else f"measured in {profile.measure_s:.1f} s ({profile.repeats} repeats, medians), saved to"
+    lines = [
+        f"cost profile: {k.get('model')}  {k.get('dtype')} on {k.get('device')} ({k.get('device_name')}), "
+        f"{k.get('threads')} threads, attention {k.get('attn')}, torch {k.get('torch')}",
+        f"  {source} {path}",
+    ]
+    ar = profile.verify_time(1, profile.prefixes[0])
+    lines.append(f"  drafter: {profile.draft_base_s * 1e3:.2f} ms for level 0, {profile.draft_level_s * 1e3:.2f} ms per "
+                 f"further level ({100 * profile.draft_level_s / ar:.1f}% of an AR step)")
+    head = "".join(f" | t@{p:<5} ms  x N=1  env ms  fill" for p in profile.prefixes)
+    lines.append(f"\n  {'N':>4}{head}")
+    curves = [(profile.curve(p), profile.envelope(p), profile.fill_to(p)) for p in profile.prefixes]
+    for n in profile.sizes:
+        row = "".join(f" | {1e3 * t[n - 1]:>9.2f}  {t[n - 1] / t[0]:>5.2f}  {1e3 * e[n - 1]:>6.2f}  {f[n - 1]:>4}"
+                      for t, e, f in curves)
+        lines.append(f"  {n:>4}{row}")
+    lines.append("\n  t: verify cost of N nodes; env: min over M >= N of t(M), the lower envelope; "
+                 "fill: the size N nodes fill up to")
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m graft_lab.profile", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default=EMBEDDED, help="model path, hub id, random:... or the embedded SmolLM2")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--attn", default="auto", choices=["auto", "sdpa", "eager", "triton"])
+    ap.add_argument("--drafter", default=None, help="EAGLE-3 checkpoint, or none (default: the shipped drafter for the "
+                                                    "embedded model, else none)")
+    ap.add_argument("--depth", type=int, default=7, help="draft levels (as tree.depth)")
+    ap.add_argument("--top-k", type=int, default=8, help="children per expanded node (as tree.top_k)")
+    ap.add_argument("--cap", type=int, default=64, help="largest tree measured (as tree.total_tokens)")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    ap.add_argument("--refresh", action="store_true", help="measure again even when a cached profile exists")
+    ap.add_argument("--json", action="store_true", help="print the profile as JSON")
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from .drafters import DRAFTERS
+    from .models.target import load_model
+
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    path = args.drafter or (SHIPPED_DRAFTER if args.model == EMBEDDED else "none")
+    node = {"name": "none"} if path == "none" else {"name": "eagle3", "path": path, "depth": args.depth, "top_k": args.top_k}
+    try:
+        model, tokenizer = load_model(args.model, dtype=args.dtype, device=args.device)
+        target = Target(model, tokenizer)
+        target.use_attention(("triton" if target.device.type == "cuda" else "sdpa") if args.attn == "auto" else args.attn)
+        drafter = DRAFTERS.build(node, target=target)
+        prof, file, cached = profile_for(target, drafter, args.model, drafter_id(node), args.cap, refresh=args.refresh)
+    except GraftLabError as exc:
+        print(f"graft-lab: error: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(prof.to_json(), indent=1) if args.json else describe(prof, file, cached))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
