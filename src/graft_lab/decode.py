@@ -18,7 +18,7 @@ from .metrics import PhaseTimer, StepRecord
 from .models.target import Target
 from .pruners.base import Pruner
 from .retrievers.base import Retriever
-from .verify import SamplingParams, accept, target_probs
+from .verify import SamplingParams, accept, check_finite, target_probs
 
 
 @dataclass
@@ -49,6 +49,7 @@ class Generation:
 
 def first_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
     # logits: [V] at the last prompt position
+    check_finite(logits, "the target's logits at the last prompt position (step 0)")
     if params.greedy:
         return int(logits.argmax())
     return int(torch.multinomial(target_probs(logits[None], params)[0], 1, generator=generator))
@@ -90,6 +91,7 @@ def generate(
             tree = method.graft(draft, retrieved, method.budget)  # DraftTree, at most K nodes
         with timer.phase("verify"):
             out = target.verify(tree, cache, want_aux)  # logits: [N, V], aux: [N, 3H]
+        check_finite(out.logits, f"the target's logits at decode step {len(gen.steps) + 1}")
         with timer.phase("accept"):
             acc = accept(tree, out.logits, params, generator)  # path: [M] node ids, root first
         new = torch.cat([tree.tokens[acc.path[1:]], tree.tokens.new_tensor([acc.bonus])])  # [M] emitted
