@@ -1,9 +1,11 @@
 """Entry point: `python run.py model=... drafter=... pruner=... retriever=... graft=... tree.total_tokens=...`.
 
 Composes the Hydra config under conf/, validates it before any model loads, skips it when the results
-table already has a complete run with the same config hash (force=true reruns), decodes the dataset with
-the chosen method and the interleaved AR baseline, writes answers.jsonl and summary.json, adds the run's
-row to <results_dir>/runs.parquet and runs.csv, and logs it (logger=wandb). Sweep with -m.
+table already has a complete run with the same config hash whose summary is still on disk (force=true
+reruns), resumes an interrupted run of the same config, decodes the dataset with the chosen method and the
+interleaved AR baseline, writes answers.jsonl and summary.json, adds the run's row to
+<results_dir>/runs.parquet and runs.csv, and logs it (logger=wandb). Ctrl-C and SIGTERM keep the finished
+questions (exit 130). Sweep with -m.
 """
 
 from __future__ import annotations
@@ -15,12 +17,10 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from graft_lab.cli import fail, main_with_clean_errors, message_of
+from graft_lab.cli import EXIT_INTERRUPTED, fail, main_with_clean_errors, message_of
 from graft_lab.errors import GraftLabError
 from graft_lab.experiment import run_experiment
 from graft_lab.report import print_summary
-
-EXIT_INTERRUPTED = 130
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")

@@ -100,7 +100,11 @@ def test_mixed_cell_types_still_write_parquet(tmp_path):
     table.upsert({"config_hash": "a", "complete": True, "run_dir": "a", "cfg.model.max_context": None, "v": "1"})
     table.upsert({"config_hash": "b", "complete": False, "run_dir": "b", "cfg.model.max_context": 4096, "v": 2})
     df = table.read()
-    assert len(df) == 2 and table.complete_run("a") == "a" and table.complete_run("b") is None
+    assert len(df) == 2 and table.complete_run("a") is None  # the table alone is not trusted: no summary on disk
+    for name, complete in (("a", True), ("b", False)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "summary.json").write_text(json.dumps({"config_hash": name, "complete": complete}))
+    assert table.complete_run("a") == tmp_path / "a" and table.complete_run("b") is None
     assert arrow_safe(pd.DataFrame({"c": [1, "x"]}))["c"].tolist() == ["1", "x"]
 
 

@@ -1,19 +1,28 @@
 """run.py's error contract: a config that cannot be used ends with exit code 2 and one line on stderr,
-whether Hydra rejects it while composing or graft-lab's validation does; missing weights get a line each."""
+whether Hydra rejects it while composing or graft-lab's validation does; missing weights get a line each.
+Ctrl-C outside the decode loop ends with exit code 130 and one line. Also the `${unique:}` resolver that keeps the
+run directories of runs started in the same second apart."""
 
 from __future__ import annotations
 
 import os
+import secrets
 import sys
 from collections.abc import Callable
 from typing import NoReturn
 
 from hydra.errors import HydraException
+from omegaconf import OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 from .errors import ConfigError, GraftLabError
 
 EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130
+# this process's id and a random tag: fixed for the process, so every resolution of hydra.run.dir agrees
+UNIQUE = f"{os.getpid()}-{secrets.token_hex(2)}"
+if not OmegaConf.has_resolver("unique"):
+    OmegaConf.register_new_resolver("unique", lambda: UNIQUE)
 
 
 def fail(message: str) -> NoReturn:
@@ -44,3 +53,6 @@ def main_with_clean_errors(main: Callable[[], None]) -> None:
         main()
     except (HydraException, OmegaConfBaseException) as exc:
         fail(one_line(exc))
+    except KeyboardInterrupt:
+        print("graft-lab: interrupted", file=sys.stderr)
+        sys.exit(EXIT_INTERRUPTED)

@@ -7,6 +7,7 @@ registry entry they name, against that entry's options dataclass.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +19,7 @@ from .drafters import DRAFTERS
 from .errors import ConfigError
 from .graft import GRAFTS
 from .loggers import LOGGERS
+from .models.target import DTYPES
 from .pruners import PRUNERS
 from .retrievers import RETRIEVERS
 
@@ -34,6 +36,12 @@ class ModelConfig:
     device_map: str | None = None  # "auto" spreads a large target over several GPUs
     eagle3_drafter: str | None = None  # the EAGLE-3 checkpoint trained for this target
     max_context: int | None = None  # cap on prompt + generation; default: the model's own limit
+
+    def __post_init__(self):
+        if self.dtype not in DTYPES:
+            raise ConfigError(f"model.dtype must be one of {', '.join(DTYPES)}; got '{self.dtype}'")
+        if self.max_context is not None and self.max_context < 2:
+            raise ConfigError(f"model.max_context must be >= 2 or null, got {self.max_context}")
 
 
 @dataclass
@@ -69,6 +77,8 @@ class GenConfig:
             raise ConfigError(f"gen.top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise ConfigError(f"gen.top_k must be >= 0, got {self.top_k}")
+        if any(s == "" for s in self.stop_strings):
+            raise ConfigError("gen.stop_strings holds an empty string, which would stop every turn after one token")
 
 
 @dataclass
@@ -114,11 +124,38 @@ class RunConfig:
             raise ConfigError(f"baseline must be 'ar' or 'none', got '{self.baseline}'")
 
 
+def walk(data: Any, prefix: str = ""):
+    """(dotted key, value) for every leaf of a nested dict / list."""
+    items = data.items() if isinstance(data, dict) else enumerate(data) if isinstance(data, list) else None
+    if items is None:
+        yield prefix, data
+        return
+    for k, v in items:
+        yield from walk(v, f"{prefix}.{k}" if prefix else str(k))
+
+
+def check_values(node: DictConfig) -> dict[str, Any]:
+    """The resolved config, after the checks that hold for every field: no value left as ??? (a path the
+    user must give), no NaN or infinity."""
+    missing = sorted(k for k in OmegaConf.missing_keys(node) if not k.startswith("hydra."))
+    if missing:
+        raise ConfigError(f"{missing[0]} is required (it is ??? in the config): add {missing[0]}=... to the command line")
+    try:
+        data = OmegaConf.to_container(node, resolve=True)
+    except OmegaConfBaseException as exc:
+        key = getattr(exc, "full_key", None)
+        raise ConfigError(f"invalid config{f' at {key}' if key else ''}: {str(exc).splitlines()[0]}") from None
+    data.pop("hydra", None)
+    for key, value in walk(data):
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{key} must be a finite number, got {value}")
+    return data
+
+
 def validate(cfg: DictConfig | dict) -> tuple[RunConfig, dict[str, Any]]:
     """Check the whole config; returns the typed fixed part and the validated options per pluggable group."""
     node = cfg if isinstance(cfg, DictConfig) else OmegaConf.create(cfg)
-    data = OmegaConf.to_container(node, resolve=True)
-    data.pop("hydra", None)
+    data = check_values(node)
     for group in PLUGGABLE:
         if data.get(group) is None:
             raise ConfigError(f"the '{group}' config group is missing")

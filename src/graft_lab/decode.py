@@ -21,7 +21,7 @@ from .planner import FixedPlanner, Planner
 from .pruners.base import Pruner
 from .retrievers.base import Retriever
 from .stopping import StopRule
-from .verify import SamplingParams, accept, target_probs
+from .verify import SamplingParams, accept, check_finite, target_probs
 
 
 @dataclass
@@ -47,6 +47,7 @@ class Generation:
 
 def first_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
     # logits: [V] at the last prompt position
+    check_finite(logits, "the target's logits at the last prompt position (step 0)")
     if params.greedy:
         return int(logits.argmax())
     return int(torch.multinomial(target_probs(logits[None], params)[0], 1, generator=generator))
@@ -92,6 +93,7 @@ def generate(
         tree = plan.tree
         with timer.phase("verify"):
             out = target.verify(tree, cache, want_aux)  # logits: [N, V], aux: [N, 3H]
+        check_finite(out.logits, f"the target's logits at decode step {len(gen.steps) + 1}")
         with timer.phase("accept"):
             acc = accept(tree, out.logits, params, generator)  # path: [M] node ids, root first
         new = torch.cat([tree.tokens[acc.path[1:]], tree.tokens.new_tensor([acc.bonus])])  # [M] emitted

@@ -19,3 +19,16 @@ class DrafterMismatchError(GraftLabError):
 
 class ContextLimitError(GraftLabError):
     """A prompt does not fit the target's context."""
+
+
+class OutputError(GraftLabError):
+    """A run's files or the results table cannot be read or written."""
+
+
+class DecodingError(GraftLabError):
+    """Decoding met something that would make the output wrong (a token id outside the vocabulary); raised
+    instead of emitting it."""
+
+
+class NonFiniteLogitsError(DecodingError):
+    """NaN or inf in the target's or the drafter's logits: greedy argmax would silently pick the NaN."""

@@ -4,10 +4,14 @@ run leaves no half-logged entry. W&B is offline by default: the run directory la
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import netrc
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
+from urllib.parse import urlparse
 
 from .errors import ConfigError
 from .registry import Registry
@@ -15,6 +19,9 @@ from .results import flatten
 
 
 class Logger(Protocol):
+    def check(self) -> None:
+        """Raise ConfigError now, before decoding, when logging is bound to fail (no package, no credentials)."""
+
     def log_run(self, summary: dict, out_dir: Path) -> str | None:
         """Log a finished run; returns where it went (for the console), or None."""
 
@@ -23,6 +30,9 @@ LOGGERS: Registry[Logger] = Registry("logger")
 
 
 class NoLogger:
+    def check(self) -> None:
+        return None
+
     def log_run(self, summary: dict, out_dir: Path) -> str | None:
         return None
 
@@ -75,9 +85,27 @@ def sample_rows(answers: Path) -> list[list]:
     return rows
 
 
+def wandb_credentials() -> bool:
+    """Whether W&B can authenticate: WANDB_API_KEY, or a netrc entry for its host (what `wandb login` writes)."""
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    host = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname or "api.wandb.ai"
+    try:
+        return netrc.netrc(os.environ.get("NETRC")).authenticators(host) is not None
+    except (OSError, netrc.NetrcParseError):
+        return False
+
+
 class WandbLogger:
     def __init__(self, opts: WandbOptions):
         self.opts = opts
+
+    def check(self) -> None:
+        if importlib.util.find_spec("wandb") is None:
+            raise ConfigError("logger=wandb needs the wandb package (pip install wandb); or logger=none")
+        if self.opts.mode == "online" and not wandb_credentials():
+            raise ConfigError("logger.mode=online but no W&B credentials: set WANDB_API_KEY or run `wandb login`; "
+                              "or use logger.mode=offline and `wandb sync` later")
 
     def log_run(self, summary: dict, out_dir: Path) -> str | None:
         import matplotlib.pyplot as plt

@@ -1,15 +1,20 @@
 """Checks that need more than the config but less than the weights, run before anything loads: the
-checkpoints exist (or can be fetched), the device exists, and sizes fit the model's vocabulary and context."""
+checkpoints exist (or can be fetched) and are whole, the device and attention kernel exist, sizes fit the
+model's vocabulary and context, the first prompts fit the context, and the retriever's warm-up file reads."""
 
 from __future__ import annotations
 
+import importlib.util
+import os
 from typing import Any
 
 import torch
 
 from .config import RunConfig
+from .data import Question, source_of
 from .errors import ConfigError
-from .weights import DRAFTER, TARGET, Weights, check_weights, model_config
+from .prompts import check_budget, check_first_turns, context_of
+from .weights import DRAFTER, TARGET, Weights, check_weights, local_tokenizer, model_config
 
 
 def needed_weights(run: RunConfig, drafter: dict[str, Any]) -> list[Weights]:
@@ -24,11 +29,24 @@ def check_device(device: str) -> None:
         raise ConfigError(f"model.device={device} but this machine has no CUDA device; use model.device=cpu")
 
 
-def check_sizes(run: RunConfig, path: str) -> None:
-    """tree.top_k and gen.top_k against the vocabulary, model.max_context against the model's context."""
+def check_attention(run: RunConfig) -> None:
+    """verify.attn=triton needs the triton package and a CUDA target (or Triton's CPU interpreter)."""
+    if run.verify.attn != "triton":
+        return
+    if importlib.util.find_spec("triton") is None:
+        raise ConfigError("verify.attn=triton needs the triton package (pip install triton); use verify.attn=sdpa")
+    on_cuda = run.model.device.startswith("cuda") or bool(run.model.device_map)
+    if not on_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ConfigError(f"verify.attn=triton runs on CUDA, but model.device={run.model.device}; use verify.attn=sdpa "
+                          "(or set TRITON_INTERPRET=1 for Triton's slow CPU interpreter)")
+
+
+def check_sizes(run: RunConfig, path: str) -> int | None:
+    """tree.top_k and gen.top_k against the vocabulary, model.max_context and the budget against the
+    model's context; returns the vocabulary size (None when the config is not at hand)."""
     config = model_config(path)
     if config is None:
-        return
+        return None
     text = config.get_text_config()
     vocab = text.vocab_size
     for key, value in (("tree.top_k", run.tree.top_k), ("gen.top_k", run.gen.top_k)):
@@ -37,10 +55,32 @@ def check_sizes(run: RunConfig, path: str) -> None:
     ctx = getattr(text, "max_position_embeddings", None)
     if ctx and run.model.max_context and run.model.max_context > ctx:
         raise ConfigError(f"model.max_context={run.model.max_context} exceeds the context of {path} ({ctx} tokens)")
+    check_budget(run, context_of(run, ctx))
+    return vocab
 
 
-def preflight(run: RunConfig, drafter: dict[str, Any]) -> None:
-    check_weights(needed_weights(run, drafter))
+def check_warm_path(retriever: dict[str, Any], vocab: int | None) -> None:
+    if retriever.get("name") == "recycle" and retriever.get("warm_path") and vocab:
+        from .retrievers.recycle import load_bigrams
+
+        load_bigrams(retriever["warm_path"], vocab)
+
+
+def check_prompts(run: RunConfig, questions: list[Question], source: str) -> None:
+    """First turns against the context, when the tokenizer and config are on disk (else after loading)."""
+    tokenizer = local_tokenizer(run.model.path)
+    config = model_config(run.model.path)
+    if tokenizer is not None and config is not None:
+        ctx = getattr(config.get_text_config(), "max_position_embeddings", None)
+        check_first_turns(questions, tokenizer, context_of(run, ctx), source)
+
+
+def preflight(run: RunConfig, nodes: dict[str, dict[str, Any]], questions: list[Question]) -> None:
+    """`nodes`: the resolved pluggable groups (drafter, retriever, dataset, ...)."""
+    check_weights(needed_weights(run, nodes["drafter"]))
     if not run.model.device_map:
         check_device(run.model.device)
-    check_sizes(run, run.model.path)
+    check_attention(run)
+    vocab = check_sizes(run, run.model.path)
+    check_warm_path(nodes["retriever"], vocab)
+    check_prompts(run, questions, source_of(nodes["dataset"]))

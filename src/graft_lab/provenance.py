@@ -1,4 +1,7 @@
-"""What makes every number traceable: the resolved config, its hash, the git commit, package versions."""
+"""What makes every number traceable: the resolved config, its hash, the git commit, package versions.
+
+The config hash covers what was measured: the config (less where results go), the method's name and the
+content hash of the questions decoded, so a dataset file edited under the same path is a new run."""
 
 from __future__ import annotations
 
@@ -24,8 +27,9 @@ def resolved(cfg: DictConfig) -> dict[str, Any]:
     return data
 
 
-def config_hash(config: dict[str, Any]) -> str:
+def config_hash(config: dict[str, Any], dataset_hash: str | None = None) -> str:
     kept = {k: v for k, v in config.items() if k not in NOT_HASHED}
+    kept.update(dataset_hash=dataset_hash, method=method_label(config))
     return hashlib.sha256(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -50,7 +54,7 @@ def versions() -> dict[str, str]:
     return out
 
 
-def metadata(cfg: DictConfig) -> dict[str, Any]:
+def metadata(cfg: DictConfig, dataset_hash: str | None = None) -> dict[str, Any]:
     config = resolved(cfg)
-    return {"method": method_label(config), "config": config, "config_hash": config_hash(config), "git_commit": git_commit(),
-            "versions": versions()}
+    return {"config": config, "config_hash": config_hash(config, dataset_hash), "dataset_hash": dataset_hash,
+            "method": method_label(config), "git_commit": git_commit(), "versions": versions()}

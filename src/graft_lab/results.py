@@ -1,14 +1,16 @@
 """The consolidated results table: one row per run in `<results_dir>/runs.parquet` and `runs.csv`.
 
 A row is keyed by the run's config hash, so a rerun replaces its row instead of adding one, and a sweep
-that was interrupted can skip every point that already has a complete row. Parallel sweep jobs share the
-table through a file lock; each write goes to a temporary file that replaces the table in one rename.
+that was interrupted can skip every point that already has a complete row whose run directory still holds
+its complete summary. Parallel sweep jobs share the table through a file lock; each write goes to a
+temporary file that replaces the table in one rename. An unreadable table is an error before any decoding.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,12 +19,16 @@ from typing import Any
 import pandas as pd
 from filelock import FileLock
 
+from .errors import OutputError
+
 METRICS = (
     "complete", "tau", "speedup", "tokens_per_s", "baseline_tokens_per_s", "new_tokens", "steps", "wall_time_s",
     "drafted_per_step", "retrieved_per_step", "accepted_retrieved_per_step", "peak_memory_mb", "n_questions",
     "n_turns", "matches_baseline", "match_share", "noise_bound", "unexplained_divergences", "device", "config_hash",
-    "git_commit", "decode_speedup", "prefill_share", "decode_tokens_per_s", "mean_tree_size", "ideal_speedup", "efficiency",
+    "dataset_hash", "git_commit", "error", "decode_speedup", "prefill_share", "decode_tokens_per_s", "mean_tree_size",
+    "ideal_speedup", "efficiency",
 )
+KEY_COLUMNS = ("config_hash", "complete", "run_dir")
 JSON_FIELDS = ("acceptance_by_position", "per_category", "versions", "mismatched_questions", "divergences", "calibration")
 
 
@@ -94,26 +100,71 @@ class ResultsTable:
         return FileLock(str(self.root / ".runs.lock"), timeout=600)
 
     def read(self) -> pd.DataFrame:
-        return pd.read_parquet(self.parquet) if self.parquet.is_file() else pd.DataFrame()
+        if not self.parquet.is_file():
+            return pd.DataFrame()
+        try:
+            df = pd.read_parquet(self.parquet)
+        except (OSError, ValueError) as exc:  # pyarrow's ArrowInvalid is a ValueError
+            raise OutputError(f"results table {self.parquet} is unreadable ({str(exc).splitlines()[0]}); "
+                              "move it away to start a new table") from None
+        missing = [c for c in KEY_COLUMNS if not df.empty and c not in df.columns]
+        if missing:
+            raise OutputError(f"results table {self.parquet} has no column {missing[0]!r}: not a graft-lab table; "
+                              "move it away to start a new table")
+        return df
 
-    def complete_run(self, config_hash: str) -> str | None:
-        """The run directory of a complete run with this config hash, if the table has one."""
+    def check_writable(self) -> None:
+        """Fail now, not after decoding, when the table cannot be written."""
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            with tempfile.NamedTemporaryFile(dir=self.root, prefix=".write-test-"):
+                pass
+        except OSError as exc:
+            raise OutputError(f"results_dir {self.root} is not writable: {exc.strerror or exc}") from None
+        for path in (self.parquet, self.csv):
+            if path.exists() and not path.is_file():
+                raise OutputError(f"results table {path} is not a file")
+
+    def run_dir(self, rel: str) -> Path:
+        return self.root / rel
+
+    def recorded_run(self, config_hash: str, complete: bool) -> Path | None:
+        """The run directory of a run with this config hash and completeness, if the table has one and the
+        directory still holds that run's summary.json (a deleted or overwritten directory does not count)."""
         df = self.read()
         if df.empty:
             return None
-        hit = df[(df["config_hash"] == config_hash) & df["complete"].astype(bool)]
-        return None if hit.empty else str(hit["run_dir"].iloc[0])
+        hit = df[(df["config_hash"] == config_hash) & (df["complete"].astype(bool) == complete)]
+        for rel in hit["run_dir"]:
+            out = self.run_dir(str(rel))
+            try:
+                summary = json.loads((out / "summary.json").read_text())
+            except (OSError, ValueError):
+                continue
+            if summary.get("config_hash") == config_hash and bool(summary.get("complete")) == complete:
+                return out
+        return None
+
+    def complete_run(self, config_hash: str) -> Path | None:
+        """The directory of a complete run with this config hash (see recorded_run)."""
+        return self.recorded_run(config_hash, complete=True)
 
     def upsert(self, row: dict[str, Any]) -> None:
         """Add `row`, replacing any row with the same config hash; both files are replaced atomically."""
-        with self.lock():
-            df = self.read()
-            if not df.empty:
-                df = df[df["config_hash"] != row["config_hash"]]
-            df = pd.concat([df, pd.DataFrame([row])], ignore_index=True) if not df.empty else pd.DataFrame([row])
-            df = arrow_safe(df)
-            for path, write in ((self.parquet, lambda p: df.to_parquet(p, index=False)),
-                                (self.csv, lambda p: df.to_csv(p, index=False))):
-                tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-                write(tmp)
-                os.replace(tmp, path)
+        try:
+            with self.lock():
+                df = self.read()
+                if not df.empty:
+                    df = df[df["config_hash"] != row["config_hash"]]
+                df = pd.concat([df, pd.DataFrame([row])], ignore_index=True) if not df.empty else pd.DataFrame([row])
+                df = arrow_safe(df)
+                for path, write in ((self.parquet, lambda p: df.to_parquet(p, index=False)),
+                                    (self.csv, lambda p: df.to_csv(p, index=False))):
+                    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+                    try:
+                        write(tmp)
+                        os.replace(tmp, path)
+                    finally:
+                        tmp.unlink(missing_ok=True)
+        except OSError as exc:
+            raise OutputError(f"could not write the results table in {self.root}: {exc.strerror or exc}") from None

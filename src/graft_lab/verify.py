@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .errors import NonFiniteLogitsError
 from .tree import DraftTree
 
 
@@ -25,6 +26,14 @@ class SamplingParams:
 class Acceptance:
     path: torch.Tensor  # [M] accepted node indices, root first, ascending
     bonus: int  # the token after the last accepted node
+
+
+def check_finite(logits: torch.Tensor, what: str) -> None:
+    """Raise rather than decide on NaN or inf logits: argmax would silently pick the NaN."""
+    if not bool(torch.isfinite(logits).all()):
+        kind = "NaN" if bool(torch.isnan(logits).any()) else "inf"
+        raise NonFiniteLogitsError(f"{kind} in {what}: the weights are broken or the dtype overflows "
+                                   "(try model.dtype=float32)")
 
 
 def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:

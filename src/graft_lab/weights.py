@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from huggingface_hub import try_to_load_from_cache
+from safetensors import SafetensorError, safe_open
 from transformers import AutoConfig, AutoTokenizer, PretrainedConfig
 
 from .drafters.eagle3_checkpoint import BUILTIN, resolve_checkpoint
@@ -38,6 +39,34 @@ def hub_cached(repo_id: str) -> bool:
     return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
 
 
+def broken_safetensors(folder: Path) -> str | None:
+    """Why a *.safetensors file in `folder` cannot be read (a truncated download), or None."""
+    for f in sorted(folder.glob("*.safetensors")):
+        try:
+            with safe_open(str(f), "pt") as handle:
+                handle.keys()
+        except (SafetensorError, OSError) as exc:
+            return f"{f} is unreadable ({exc}): a truncated or corrupt download?"
+    return None
+
+
+def local_dir_problem(w: Weights, folder: Path) -> str | None:
+    """A local checkpoint directory: whole weight files, a readable config, and a tokenizer for a target."""
+    if problem := broken_safetensors(folder):
+        return problem
+    if w.role == DRAFTER:
+        return None
+    try:
+        AutoConfig.from_pretrained(folder, local_files_only=True)
+    except (OSError, ValueError) as exc:
+        return f"{folder}/config.json is unreadable ({str(exc).splitlines()[0]})"
+    try:
+        AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    except (OSError, ValueError, TypeError):
+        return f"{folder} has no usable tokenizer (tokenizer.json, tokenizer_config.json missing or broken)"
+    return None
+
+
 def local_problem(w: Weights) -> str | None:
     """Why weights that need no network are unusable, or None."""
     if w.path.startswith(RANDOM):
@@ -45,13 +74,14 @@ def local_problem(w: Weights) -> str | None:
     try:
         if w.path == EMBEDDED:
             gguf_path()
-        elif w.role == DRAFTER:
-            resolve_checkpoint(w.path)
+            return None
+        if w.role == DRAFTER:
+            folder = resolve_checkpoint(w.path)
         else:
-            resolve_source(w.path)
+            folder = Path(resolve_source(w.path)[0])
     except ModelLoadError as exc:
         return str(exc)
-    return None
+    return local_dir_problem(w, folder) if folder.is_dir() else None
 
 
 def check_weights(needed: list[Weights]) -> None:
@@ -65,6 +95,8 @@ def check_weights(needed: list[Weights]) -> None:
                 f"  {w.role} '{w.path}' is not in the Hugging Face cache and the hub is unreachable: run "
                 f"`hf download {w.path} --local-dir {local}` where you have a network, then add {w.key}={local}"
             )
+    if len(problems) == 1:
+        raise ModelLoadError(f"missing weights, nothing was loaded: {problems[0].strip()}")
     if problems:
         raise ModelLoadError("missing weights, nothing was loaded:\n" + "\n".join(problems))
 
@@ -78,6 +110,16 @@ def model_config(path: str) -> PretrainedConfig | None:
     try:
         return AutoConfig.from_pretrained(resolve_source(path)[0], local_files_only=True)
     except (OSError, ValueError):
+        return None
+
+
+def local_tokenizer(path: str):
+    """The target's tokenizer when it is on disk (random, embedded, a local dir, the hub cache), else None."""
+    try:
+        if path.startswith(RANDOM):
+            return random_tokenizer()
+        return AutoTokenizer.from_pretrained(resolve_source(path)[0], local_files_only=True)
+    except (OSError, ValueError, TypeError, ModelLoadError):
         return None
 
 

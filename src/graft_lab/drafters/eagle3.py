@@ -17,6 +17,7 @@ from ..models.cache import TreeKVCache
 from ..models.target import Target
 from ..pruners.base import Pruner
 from ..tree import DraftTree, Source
+from ..verify import check_finite
 from .base import DRAFTERS, DraftInput
 from .eagle3_checkpoint import aux_layers_from_config, load_eagle3
 from .eagle3_model import Eagle3Model
@@ -61,7 +62,9 @@ class Eagle3Drafter:
 
     def _top_k(self, hidden: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         # hidden: [R, H] -> target token ids [R, k], log-probs [R, k]
-        logp = torch.log_softmax(self.net.logits(hidden).float(), dim=-1)
+        logits = self.net.logits(hidden).float()
+        check_finite(logits, "the EAGLE-3 drafter's logits")
+        logp = torch.log_softmax(logits, dim=-1)
         vals, ids = torch.topk(logp, k, dim=-1)
         return self.net.to_target_ids(ids), vals
 
@@ -130,6 +133,12 @@ def check_compatible(net: Eagle3Model, target: Target) -> None:
         raise DrafterMismatchError(
             f"the drafter's vocabulary ({net.config.vocab_size}) differs from the target's ({target.vocab_size}): "
             "this drafter was trained for another target"
+        )
+    target_ids = net.to_target_ids(torch.arange(net.draft_vocab_size, device=net.d2t.device))
+    if int(target_ids.min()) < 0 or int(target_ids.max()) >= target.vocab_size:
+        raise DrafterMismatchError(
+            f"the drafter's d2t map sends draft tokens outside the target's vocabulary (0..{target.vocab_size - 1}): "
+            "a corrupt checkpoint"
         )
     if net.embed_tokens is None and net.config.hidden_size != target.hidden_size:
         raise DrafterMismatchError(

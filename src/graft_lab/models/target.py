@@ -10,9 +10,10 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import torch
+from safetensors import SafetensorError
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from ..errors import ModelLoadError
+from ..errors import DecodingError, ModelLoadError
 from ..tree import DraftTree
 from .cache import TreeKVCache
 from .embedded import embedded_dir
@@ -105,9 +106,9 @@ def load_model(
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=kwargs["local_files_only"])
         model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
-    except OSError as exc:
-        if local:
-            raise ModelLoadError(f"could not load the model in {source}: {exc}") from None
+    except (OSError, ValueError, SafetensorError) as exc:
+        if local or not isinstance(exc, OSError):
+            raise ModelLoadError(f"could not load the model in {source}: {str(exc).splitlines()[0]}") from None
         raise ModelLoadError(
             f"could not load '{path}' from the Hugging Face hub (offline, gated, or not cached): {exc}\n"
             f"Download it where you have a network (huggingface-cli download {path} --local-dir DIR), then run "
@@ -221,7 +222,12 @@ class Target:
         return self.forward(ids, positions, cache, want_aux=want_aux, last_only=not all_logits, successors=successors)
 
     def verify(self, tree: DraftTree, cache: TreeKVCache, want_aux: bool) -> TargetOutput:
-        """One forward over every node of `tree` on top of the cache; the nodes' KV stay until `commit`."""
+        """One forward over every node of `tree` on top of the cache; the nodes' KV stay until `commit`.
+        A token id outside the vocabulary (a broken drafter or retriever) is refused, never verified."""
+        bad = (tree.tokens < 0) | (tree.tokens >= self.vocab_size)  # [N]
+        if bool(bad.any()):
+            raise DecodingError(f"tree token ids {tree.tokens[bad].tolist()} are outside the target's vocabulary "
+                                f"(0..{self.vocab_size - 1}): a broken drafter or retriever")
         return self.forward(tree.tokens, tree.position_ids(cache.length), cache, tree.ancestor_mask, want_aux)
 
     @staticmethod

@@ -13,6 +13,8 @@ tokens at the uniform prior log(1/V).
 from __future__ import annotations
 
 import math
+import pickle
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -109,13 +111,15 @@ def load_bigrams(path: str, vocab: int) -> tuple[torch.Tensor, torch.Tensor, tor
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"retriever.warm_path {path} does not exist")
-    if p.suffix == ".npy":
-        data = torch.from_numpy(np.load(p))
-    elif p.suffix == ".pt":
-        data = torch.as_tensor(torch.load(p, map_location="cpu", weights_only=True))
-    else:
+    if p.suffix not in (".npy", ".pt"):
         raise ConfigError(f"retriever.warm_path must be a .npy or .pt file, got {path}")
-    data = data.long()
+    try:
+        with warnings.catch_warnings():  # torch warns about the pickle protocol of files it then rejects
+            warnings.simplefilter("ignore")
+            raw = np.load(p) if p.suffix == ".npy" else torch.load(p, map_location="cpu", weights_only=True)
+        data = (torch.from_numpy(raw) if isinstance(raw, np.ndarray) else torch.as_tensor(raw)).long()
+    except (OSError, ValueError, TypeError, RuntimeError, EOFError, pickle.UnpicklingError) as exc:
+        raise ConfigError(f"retriever.warm_path {path} is not a token array ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
     if data.dim() == 1:
         prev, nxt, count = data[:-1], data[1:], torch.ones(max(data.numel() - 1, 0), dtype=torch.long)
     elif data.dim() == 2 and data.shape[1] == 3:
