@@ -55,7 +55,7 @@ def test_readme_command(command, tmp_path):
     method = given.get("method", DEFAULTS["method"])
     assert summary["method"] == method
     tree = given.get("tree", DEFAULTS["tree"] if method != "ar" else "k1")
-    assert summary["tree"]["total_tokens"] == int(tree.removeprefix("k"))
+    assert summary["tree"]["total_tokens"] == OmegaConf.load(ROOT / "conf" / "tree" / f"{tree}.yaml").total_tokens
     assert f"method                                   {method}, K={summary['tree']['total_tokens']}" in out
     if method == "ar":
         assert summary["tau"] == 1.0 and "1.00" in out
