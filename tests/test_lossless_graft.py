@@ -21,28 +21,18 @@ from graft_lab.pruners import PRUNERS
 from graft_lab.retrievers import RETRIEVERS
 from graft_lab.tree import DraftTree, Source
 from graft_lab.verify import SamplingParams
-from tiny import VOCAB, hf_greedy, tiny_eagle3, tiny_target
+from tiny import hf_greedy, repetitive_prompt, shared_tiny_target, tiny_eagle3
 
 ARCHS = ("llama", "qwen2", "qwen3")
 COMBOS = list(itertools.product(("none", "dyn_depth"), ("none", "recycle", "ngram", "sam"), ("root", "tail", "match")))
 BUDGETS = (1, 2, 3, 5, 8, 13, 24, 40, 60, 80)
-TARGETS: dict[str, object] = {}
 REFS: dict[tuple, list[int]] = {}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models run fastest on one thread, and the machine is shared."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
-def target_for(arch: str):
-    if arch not in TARGETS:
-        TARGETS[arch] = tiny_target(arch, seed=ARCHS.index(arch))
-    return TARGETS[arch]
+target_for = shared_tiny_target
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def reference(arch: str, prompt: torch.Tensor, new: int) -> list[int]:
@@ -52,13 +42,6 @@ def reference(arch: str, prompt: torch.Tensor, new: int) -> list[int]:
     return REFS[key]
 
 
-def repetitive_prompt(rng: random.Random) -> torch.Tensor:
-    """A random phrase repeated with edits: n-gram, suffix and recycled matches all occur."""
-    phrase = [rng.randrange(3, VOCAB) for _ in range(rng.randint(2, 8))]
-    out = [rng.randrange(3, VOCAB) for _ in range(rng.randint(0, 4))]
-    for _ in range(rng.randint(1, 4)):
-        out += [t if rng.random() > 0.2 else rng.randrange(3, VOCAB) for t in phrase]
-    return torch.tensor(out)
 
 
 def pruner_node(name: str, rng: random.Random) -> dict:

@@ -25,7 +25,7 @@ from graft_lab.retrievers import RETRIEVERS
 from graft_lab.tree import DraftTree, Source
 from graft_lab.verify import SamplingParams
 from harness import compose_cfg
-from tiny import VOCAB, hf_greedy, tiny_eagle3, tiny_target
+from tiny import hf_greedy, repetitive_prompt, shared_tiny_target, tiny_eagle3
 
 MS = 1e-3
 
@@ -217,7 +217,6 @@ def test_cost_pruner_needs_tree_auto():
 
 # ---- the contract: the choice of tree never changes the output -------------------------------------
 ARCHS = ("llama", "qwen2", "qwen3")
-TARGETS: dict[str, object] = {}
 CURVES = {
     "ar_cheap": lambda n: 10 * MS * n,
     "flat_to_8": lambda n: 10 * MS if n <= 8 else 10 * MS * (1 + 0.3 * (n - 8)),
@@ -226,18 +225,10 @@ CURVES = {
 }
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
-def target_for(arch: str):
-    if arch not in TARGETS:
-        TARGETS[arch] = tiny_target(arch, seed=ARCHS.index(arch))
-    return TARGETS[arch]
+target_for = shared_tiny_target
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 class CheckedPlanner:
@@ -260,12 +251,6 @@ class CheckedPlanner:
         return self.inner.next_level_pays(level, best_score, margin)
 
 
-def repetitive_prompt(rng: random.Random) -> torch.Tensor:
-    phrase = [rng.randrange(3, VOCAB) for _ in range(rng.randint(2, 8))]
-    out = [rng.randrange(3, VOCAB) for _ in range(rng.randint(0, 4))]
-    for _ in range(rng.randint(1, 4)):
-        out += [t if rng.random() > 0.2 else rng.randrange(3, VOCAB) for t in phrase]
-    return torch.tensor(out)
 
 
 CASES = [(arch, curve, seed) for arch in ARCHS for curve in CURVES for seed in range(2)]

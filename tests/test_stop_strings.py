@@ -63,11 +63,8 @@ def oracle_method(free: list[int], vocab: int, rng: random.Random) -> Method:
     return Method(NoDrafter(), NoPruner(), oracle, graft_root, budget=rng.randint(4, 24))
 
 
-CASES = [(arch, seed) for arch in ("llama", "qwen2", "qwen3") for seed in range(6)]
-
-
-@pytest.mark.parametrize("arch,seed", CASES)
-def test_stop_strings_cut_inside_an_accepted_step(arch, seed):
+def case(arch: str, seed: int):
+    """A random prompt, its free continuation, stop strings cut from it, and generate()'s output with them."""
     rng = random.Random(seed * 7 + len(arch))
     target = target_for(arch)
     tok = target.tokenizer
@@ -75,7 +72,15 @@ def test_stop_strings_cut_inside_an_accepted_step(arch, seed):
     free = hf_reference(target, prompt, None)
     strings = pick_stop_strings(rng, tok, prompt.tolist(), free)
     ref = hf_reference(target, prompt, strings)
-    stop = StopRule(NEW, (tok.eos_token_id,), StopStrings(tok, tuple(strings)))
+    return target, prompt, free, strings, ref, StopRule(NEW, (tok.eos_token_id,), StopStrings(tok, tuple(strings))), rng
+
+
+CASES = [(arch, seed) for arch in ("llama", "qwen2", "qwen3") for seed in range(6)]
+
+
+@pytest.mark.parametrize("arch,seed", CASES)
+def test_stop_strings_cut_inside_an_accepted_step(arch, seed):
+    target, prompt, free, strings, ref, stop, rng = case(arch, seed)
     ar = generate(target, Method(NoDrafter(), NoPruner(), NoRetriever(), graft_root, 1), prompt, SamplingParams(), stop)
     spec = generate(target, oracle_method(free, target.vocab_size, rng), prompt, SamplingParams(), stop)
     assert ar.tokens == ref, strings
@@ -93,14 +98,7 @@ def test_the_stop_string_check_can_fail(monkeypatch):
     original = StopRule.first_stop
     broken = 0
     for arch, seed in CASES[::2]:
-        rng = random.Random(seed * 7 + len(arch))
-        target = target_for(arch)
-        tok = target.tokenizer
-        prompt = torch.tensor([rng.randrange(100, 20000) for _ in range(rng.randint(2, 16))])
-        free = hf_reference(target, prompt, None)
-        strings = pick_stop_strings(rng, tok, prompt.tolist(), free)
-        ref = hf_reference(target, prompt, strings)
-        stop = StopRule(NEW, (tok.eos_token_id,), StopStrings(tok, tuple(strings)))
+        target, prompt, free, strings, ref, stop, rng = case(arch, seed)
         monkeypatch.setattr(StopRule, "first_stop", last_token_only)
         out = generate(target, oracle_method(free, target.vocab_size, rng), prompt, SamplingParams(), stop)
         monkeypatch.setattr(StopRule, "first_stop", original)

@@ -70,3 +70,22 @@ def hf_greedy(model, prompt: torch.Tensor, max_new_tokens: int, eos: int | None 
         attention_mask=torch.ones_like(prompt[None]),
     )
     return out[0, prompt.numel():].tolist()
+
+
+_TARGETS: dict[str, Target] = {}
+
+
+def shared_tiny_target(arch: str) -> Target:
+    """One tiny target per architecture for a whole test session (seeded by its place in ARCHS)."""
+    if arch not in _TARGETS:
+        _TARGETS[arch] = tiny_target(arch, seed=list(ARCHS).index(arch))
+    return _TARGETS[arch]
+
+
+def repetitive_prompt(rng) -> torch.Tensor:
+    """A random phrase repeated with edits: n-gram, suffix and recycled matches all occur."""
+    phrase = [rng.randrange(3, VOCAB) for _ in range(rng.randint(2, 8))]
+    out = [rng.randrange(3, VOCAB) for _ in range(rng.randint(0, 4))]
+    for _ in range(rng.randint(1, 4)):
+        out += [t if rng.random() > 0.2 else rng.randrange(3, VOCAB) for t in phrase]
+    return torch.tensor(out)

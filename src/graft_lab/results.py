@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +19,7 @@ import pandas as pd
 from filelock import FileLock
 
 from .errors import OutputError
+from .rundir import check_writable_dir
 
 METRICS = (
     "complete", "tau", "speedup", "tokens_per_s", "baseline_tokens_per_s", "new_tokens", "steps", "wall_time_s",
@@ -115,12 +115,7 @@ class ResultsTable:
 
     def check_writable(self) -> None:
         """Fail now, not after decoding, when the table cannot be written."""
-        try:
-            self.root.mkdir(parents=True, exist_ok=True)
-            with tempfile.NamedTemporaryFile(dir=self.root, prefix=".write-test-"):
-                pass
-        except OSError as exc:
-            raise OutputError(f"results_dir {self.root} is not writable: {exc.strerror or exc}") from None
+        check_writable_dir(self.root, "results_dir")
         for path in (self.parquet, self.csv):
             if path.exists() and not path.is_file():
                 raise OutputError(f"results table {path} is not a file")

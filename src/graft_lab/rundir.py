@@ -19,6 +19,16 @@ from filelock import FileLock, Timeout
 
 from .errors import OutputError
 
+
+def check_writable_dir(path: Path, label: str) -> None:
+    """Make `path` and prove a file can be written there; OutputError naming `label` otherwise."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".write-test-"):
+            pass
+    except OSError as exc:
+        raise OutputError(f"{label} {path} is not writable: {exc.strerror or exc}") from None
+
 ANSWERS, SUMMARY, LOCK = "answers.jsonl", "summary.json", ".run.lock"
 
 
@@ -50,12 +60,7 @@ class RunDir:
         directory holds a finished run or another config's run (unless force)."""
         if self.path.exists() and not self.path.is_dir():
             raise OutputError(f"output_dir {self.path} is a file, not a directory")
-        try:
-            self.path.mkdir(parents=True, exist_ok=True)
-            with tempfile.NamedTemporaryFile(dir=self.path, prefix=".write-test-"):
-                pass
-        except OSError as exc:
-            raise OutputError(f"output_dir {self.path} is not writable: {exc.strerror or exc}") from None
+        check_writable_dir(self.path, "output_dir")
         lock = FileLock(str(self.path / LOCK), timeout=0)
         try:
             lock.acquire()
