@@ -138,3 +138,10 @@ def test_preset_helper_rejects_unknown_names():
         preset("nope")
     run, _ = preset("eagle3_dense", 16)
     assert (run.tree.total_tokens, run.tree.depth, run.tree.top_k) == (16, 7, 3)
+
+
+@pytest.mark.parametrize("experiment", ["paper_short", "paper_long", "pareto_sweep", "graft_ablation", "budget_split"])
+def test_experiment_presets_label_their_runs(experiment):
+    """A preset's own keys win over config.yaml's (its `_self_` comes first), so its rows carry its name."""
+    assert resolved([f"experiment={experiment}"])["experiment_name"] == experiment
+    assert resolved(["debug=quick"])["experiment_name"] == "debug"

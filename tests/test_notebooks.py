@@ -30,3 +30,15 @@ def test_notebook_runs_on_the_committed_results(path, monkeypatch, tmp_path):
     images = [o for c in nb.cells for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
     assert images, "every notebook draws at least one figure"
     assert list(tmp_path.glob("*.png")), "and saves it where GRAFT_LAB_FIGURES says"
+
+
+def test_the_readme_shows_every_committed_paper_figure():
+    """results/paper's PNGs (experiments/paper_figures.sh) are the README's figures, with the command."""
+    paper = NOTEBOOKS.parent / "results" / "paper"
+    pngs = sorted(p.name for p in paper.glob("*.png"))
+    if not pngs:
+        pytest.skip("no paper figures committed yet")
+    readme = (NOTEBOOKS.parent / "README.md").read_text()
+    assert "experiments/paper_figures.sh" in readme
+    for name in pngs:
+        assert f"results/paper/{name}" in readme, name
