@@ -2,7 +2,7 @@
 # Issue 5's acceptance check, rerunnable: a 3 x 3 sweep (tree.total_tokens x dyn_depth thresholds, the
 # experiment=pareto_sweep preset) on 8 MT-Bench questions -> results table, Pareto PNG and offline W&B runs.
 # The sweep is first interrupted (SIGINT, as Ctrl-C) once a run has landed, then rerun: the table must end
-# with 9 complete rows, one per config hash.
+# with 18 complete rows (6 methods x 3 budgets), one per config hash.
 #
 #   experiments/pareto_smoke.sh                     # embedded SmolLM2 + shipped drafter when it exists, else tiny
 #   TINY=1 QUESTIONS=2 TOKENS=4 experiments/pareto_smoke.sh   # the pipeline check the slow test runs
@@ -51,10 +51,10 @@ echo "[smoke] rerun: complete points are skipped"
 read -r n complete unique < <(rows)
 skipped=$(grep -c "graft-lab: skipped" "$OUT/sweep2.log" || true)
 echo "[smoke] after the rerun: $n rows, $complete complete, $unique config hashes, $skipped points skipped"
-[[ $n == 9 && $complete == 9 && $unique == 9 && $skipped -ge 1 ]] || { echo "[smoke] FAILED: expected 9 complete unique rows"; exit 1; }
+[[ $n == 18 && $complete == 18 && $unique == 18 && $skipped -ge 1 ]] || { echo "[smoke] FAILED: expected 18 complete unique rows"; exit 1; }
 
 "$PY" -m graft_lab.plot pareto --results "$OUT"
 runs=$(find "$OUT/wandb" -maxdepth 1 -name 'offline-run-*' | wc -l)
 echo "[smoke] $runs offline W&B runs in $OUT/wandb"
-[[ -s $OUT/pareto.png && -s $OUT/runs.csv && $runs -ge 9 ]] || { echo "[smoke] FAILED: missing outputs"; exit 1; }
+[[ -s $OUT/pareto.png && -s $OUT/runs.csv && $runs -ge 18 ]] || { echo "[smoke] FAILED: missing outputs"; exit 1; }
 echo "[smoke] OK: $OUT/runs.parquet, $OUT/runs.csv, $OUT/pareto.png, $OUT/wandb/"

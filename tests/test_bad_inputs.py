@@ -210,7 +210,7 @@ CASES = [
     Case("foreign runs.parquet", [], "runs.parquet",
          results_with(lambda tmp: pd.DataFrame({"x": [1]}).to_parquet(tmp / "runs.parquet"))),
     Case("runs.csv is a directory", [], "runs.csv", results_with(lambda tmp: (tmp / "runs.csv").mkdir())),
-    Case("results_dir read-only", [], "results_dir", read_only("results")),
+    Case("results_dir read-only", [], "results_dir", read_only("rundir")),
     Case("output_dir read-only", [], "output_dir", read_only("rundir")),
     Case("output_dir is a file", [], "output_dir", file_at("out", b"x", "output_dir")),
     Case("output_dir under a file", [], "output_dir", output_dir_under_a_file),

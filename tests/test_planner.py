@@ -208,7 +208,7 @@ def test_cost_pruner_needs_tree_auto():
     with pytest.raises(ConfigError, match="tree=auto"):
         PRUNERS.build({"name": "cost"}, planner=FixedPlanner())
     with pytest.raises(ConfigError, match="tree=auto"):
-        validate(compose_cfg(["pruner=cost"]))
+        validate(compose_cfg(["pruner=cost", "tree=k16"]))
     run, opts = validate(compose_cfg(["pruner=cost", "tree=auto"]))
     assert run.tree.plan == "auto" and opts["pruner"].margin == 1.0
     with pytest.raises(ConfigError, match="tree.plan"):
