@@ -41,5 +41,5 @@ def test_pareto_smoke_script_interrupt_and_rerun(tmp_path):
     proc = subprocess.run(["bash", str(ROOT / "experiments" / "pareto_smoke.sh")], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "9 rows, 9 complete, 9 config hashes" in proc.stdout
+    assert "18 rows, 18 complete, 18 config hashes" in proc.stdout
     assert (tmp_path / "smoke" / "pareto.png").is_file()
