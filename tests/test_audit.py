@@ -10,7 +10,9 @@ import pandas as pd
 import pytest
 import torch
 
-from graft_lab.audit import BOUND_TURNS, TIE, UNEXPLAINED, Auditor, ar_logits, first_divergence, method_logits
+from graft_lab import audit
+from graft_lab.audit import (BOUND_TURNS, TIE, TOP_BOUND_K, UNEXPLAINED, Auditor, Deviation, Turn, ar_logits,
+                            first_divergence, method_logits)
 from graft_lab.decode import Generation, Method, StopRule, generate
 from graft_lab.drafters.eagle3 import Eagle3Drafter
 from graft_lab.graft import graft_root
@@ -62,9 +64,11 @@ def test_bf16_engine_has_no_unexplained_divergence(bf16_runs, arch):
     s = bf16_runs[arch]
     assert s["unexplained_divergences"] == 0
     assert s["noise_bound"] > 0  # bf16 batched forwards do round differently
+    assert 0 < s["noise_bound_top"] <= s["noise_bound"]
     assert s["match_share"] == (PROMPTS - len(s["divergences"])) / PROMPTS
     for d in s["divergences"]:
-        assert d["verdict"] == TIE and 0 <= d["ar_gap"] <= d["ar_margin"] <= 2 * s["noise_bound"]
+        assert d["bound"] in (s["noise_bound_top"], s["noise_bound"])
+        assert d["verdict"] == TIE and 0 <= d["ar_gap"] <= d["ar_margin"] <= 2 * d["bound"]
         assert d["spec_token"] != d["ar_token"] and d["spec_gap"] >= 0
 
 
@@ -119,6 +123,24 @@ def test_ar_replay_reproduces_the_baseline_and_the_method_replay_its_tokens():
     assert max(lengths) >= 3
     for p in (0, 1, 7, len(gen.tokens) - 1):
         assert int(method_logits(target, method, prompt, gen.tokens, lengths, p).argmax()) == gen.tokens[p]
+
+
+@pytest.mark.parametrize("runner_up, margin, verdict", [
+    (True, 0.15, TIE),  # inside 2 x the top-k bound
+    (True, 0.5, UNEXPLAINED),  # inside 2 x the whole-vocabulary bound, but b is a top token: the tight bound rules
+    (False, 0.5, TIE),  # b outside AR's top TOP_BOUND_K: only the whole-vocabulary bound covers its logit
+    (False, 1.5, UNEXPLAINED),
+])
+def test_the_tight_bound_applies_when_both_tokens_are_top_tokens(runner_up, margin, verdict, monkeypatch):
+    monkeypatch.setattr(audit, "method_logits", lambda *args: torch.zeros(50))
+    row = torch.full((50,), -10.0)  # AR's logits: token 0 best; b the runner-up, or behind TOP_BOUND_K closer ones
+    b = 1 if runner_up else TOP_BOUND_K + 5
+    if not runner_up:
+        row[1:TOP_BOUND_K] = -0.01
+    row[0], row[b] = 0.0, -margin
+    turn = Turn(0, 0, torch.tensor([1]), [7, b], [7, 0], [1, 1], sampled=False)
+    d = Auditor(target=None, method=None).explain(turn, 1, row, Deviation(all=0.5, top=0.1))
+    assert (d.verdict, d.bound, d.ar_margin) == (verdict, 0.1 if runner_up else 0.5, pytest.approx(margin))
 
 
 def test_identical_turns_past_the_sample_are_not_kept():

@@ -58,11 +58,11 @@ class WandbOptions:
 
 SUMMARY_KEYS = ("tau", "speedup", "tokens_per_s", "baseline_tokens_per_s", "new_tokens", "steps", "wall_time_s",
                 "drafted_per_step", "retrieved_per_step", "accepted_retrieved_per_step", "peak_memory_mb",
-                "n_questions", "n_turns", "matches_baseline", "match_share", "noise_bound", "unexplained_divergences",
+                "n_questions", "n_turns", "matches_baseline", "match_share", "noise_bound", "noise_bound_top", "unexplained_divergences",
                 "complete", "config_hash", "git_commit", "device", "decode_speedup", "prefill_share", "mean_tree_size",
                 "efficiency")
 DIVERGENCE_COLUMNS = ["question_id", "turn", "position", "ar_token", "spec_token", "ar_gap", "ar_margin", "spec_gap",
-                      "verdict"]
+                      "bound", "verdict"]
 SAMPLE_COLUMNS = ["question_id", "category", "turn", "new_tokens", "steps", "tau", "wall_time", "baseline_wall_time",
                   "speedup", "matches_baseline", "text"]
 
@@ -129,7 +129,7 @@ class WandbLogger:
             figs = run_figures(summary)
             run.log({
                 "samples": wandb.Table(columns=SAMPLE_COLUMNS, data=sample_rows(out_dir / "answers.jsonl")),
-                "divergences": wandb.Table(columns=DIVERGENCE_COLUMNS, data=[[d[c] for c in DIVERGENCE_COLUMNS]
+                "divergences": wandb.Table(columns=DIVERGENCE_COLUMNS, data=[[d.get(c) for c in DIVERGENCE_COLUMNS]
                                                                               for d in summary.get("divergences") or []]),
                 **{f"plots/{name}": wandb.Image(fig) for name, fig in figs.items()},
             })

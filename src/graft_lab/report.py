@@ -12,11 +12,14 @@ def audit_line(summary: dict) -> str:
     if summary.get("match_share") is None:
         return {True: "yes", False: "NO", None: "-"}[summary.get("matches_baseline")]
     turns, divergences = summary["audited_turns"], summary["divergences"]
-    margins = [d["ar_margin"] for d in divergences if d["verdict"] == "numeric_tie"]
-    bound = summary["noise_bound"]
-    ties = f"{len(margins)} numeric tie{'' if len(margins) == 1 else 's'}"
-    ties += (f" (gap{' max' if len(margins) > 1 else ''} {max(margins):.3g} <= 2 x bound {bound:.3g})" if margins
-             else f" (noise bound {bound:.3g})")
+    ties_ = [d for d in divergences if d["verdict"] == "numeric_tie"]
+    ties = f"{len(ties_)} numeric tie{'' if len(ties_) == 1 else 's'}"
+    if ties_:  # the widest tie, against the bound its verdict used (audit.py: the top-k bound where it applies)
+        d = max(ties_, key=lambda d: d["ar_margin"] / max(d.get("bound") or summary["noise_bound"], 1e-30))
+        ties += (f" (gap{' max' if len(ties_) > 1 else ''} {d['ar_margin']:.3g} <= 2 x bound "
+                 f"{d.get('bound') or summary['noise_bound']:.3g})")
+    else:
+        ties += f" (noise bound {summary['noise_bound']:.3g})"
     return f"{turns - len(divergences)}/{turns} turns; {ties}; {summary['unexplained_divergences']} unexplained"
 
 

@@ -24,7 +24,7 @@ from .rundir import check_writable_dir
 METRICS = (
     "complete", "tau", "speedup", "tokens_per_s", "baseline_tokens_per_s", "new_tokens", "steps", "wall_time_s",
     "drafted_per_step", "retrieved_per_step", "accepted_retrieved_per_step", "peak_memory_mb", "n_questions",
-    "n_turns", "matches_baseline", "match_share", "noise_bound", "unexplained_divergences", "device", "config_hash",
+    "n_turns", "matches_baseline", "match_share", "noise_bound", "noise_bound_top", "unexplained_divergences", "device", "config_hash",
     "dataset_hash", "git_commit", "error", "decode_speedup", "prefill_share", "decode_tokens_per_s", "mean_tree_size",
     "ideal_speedup", "efficiency",
 )
