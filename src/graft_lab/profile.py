@@ -183,9 +183,9 @@ def timed(fn, device: torch.device) -> float:
 
 def measure_verify(target: Target, sizes: list[int], prefixes: list[int], want_aux: bool, repeats: int,
                    budget_s: float) -> tuple[list[list[float]], int]:
-    """[P][G] median verify seconds, every (prefix, size) once per repeat in a shuffled order, after one
-    warm-up round; no repeat starts once `budget_s` is spent (the warm-up's times stand in when none ran).
-    Returns the medians and the repeats done."""
+    """[P][G] median verify seconds, every (prefix, size) once per repeat in a shuffled order, after a warm-up
+    of each size once at the shortest prefix. At least one repeat runs; a further one starts only if it is
+    predicted (from the last one) to end within `budget_s` of the start. Returns the medians and the repeats done."""
     dev = target.device
     caches = []
     for p in prefixes:
@@ -202,19 +202,14 @@ def measure_verify(target: Target, sizes: list[int], prefixes: list[int], want_a
 
     cells = [(i, g) for i in range(len(prefixes)) for g in range(len(sizes))]
     rng, start = random.Random(0), time.perf_counter()
-
-    def sweep(into: list[list[list[float]]]) -> None:  # interleaved: drifting load hits every cell alike
-        for i, g in rng.sample(cells, len(cells)):
-            into[i][g].append(timed(lambda: verify(caches[i], prefixes[i], sizes[g]), dev))
-
-    warm: list[list[list[float]]] = [[[] for _ in sizes] for _ in prefixes]
-    sweep(warm)  # allocations, kernel selection
-    done = 0
-    while done < repeats and time.perf_counter() - start <= budget_s:
-        sweep(times)
-        done += 1
-    if done == 0:  # a machine so slow that the warm-up spent the budget: its times are all there are
-        times = warm
+    for n in sizes:  # warm-up: allocations, kernel selection; the longer prefixes reuse the same tree shapes
+        verify(caches[0], prefixes[0], n)
+    done, last = 0, 0.0
+    while done < repeats and (done == 0 or time.perf_counter() - start + last <= budget_s):
+        t = time.perf_counter()
+        for i, g in rng.sample(cells, len(cells)):  # interleaved: drifting load hits every cell alike
+            times[i][g].append(timed(lambda: verify(caches[i], prefixes[i], sizes[g]), dev))
+        done, last = done + 1, time.perf_counter() - t
     return [[statistics.median(ts) for ts in row] for row in times], done
 
 
