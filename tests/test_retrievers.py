@@ -326,3 +326,24 @@ def test_recycle_warm_up_reads_successors_in_chunks_exactly_as_from_full_logits(
     r.reset(prompt, out.successors)
     assert torch.equal(r.ids, before.ids) and torch.equal(r.logp, before.logp)
     assert RecycleRetriever(RecycleOptions(warm_prefill=False), TINY_VOCAB, "cpu").prefill_top_k == 0
+
+
+def test_the_successor_read_is_capped_to_a_share_of_prefill_most_frequent_tokens_first(monkeypatch):
+    """Recycle's warm-up costs lm_head rows; at most SUCCESSOR_SHARE of the layers' FLOPs: a long prompt with
+    many distinct tokens gets rows for its most frequent ones (ties: the later last occurrence)."""
+    from graft_lab.models import target as target_module
+    from tiny import tiny_target
+
+    target = tiny_target("llama")
+    layer_params = sum(p.numel() for n, p in target.model.named_parameters() if ".layers." in n)
+    assert target.successor_rows(300) == int(0.04 * 300 * layer_params / (target.hidden_size * target.vocab_size))
+    monkeypatch.setattr(target_module, "SUCCESSOR_SHARE", 0.002)
+    prompt = torch.tensor([5] * 30 + [6] * 20 + [7] * 20 + list(range(10, 80)))  # 73 distinct tokens
+    rows = target.successor_rows(prompt.numel())
+    assert 3 <= rows < 73
+    succ = target.prefill(prompt, target.new_cache(150), want_aux=False, successors=3).successors
+    assert succ.tokens.numel() == rows and succ.ids.shape == (rows, 3)
+    singles = list(range(80 - (rows - 3), 80))  # after 5, 6, 7: the latest of the tokens seen once
+    assert succ.tokens.tolist() == [5, 6, 7, *singles]
+    tokens, last = Successors.last_positions(prompt, limit=2)
+    assert tokens.tolist() == [5, 7] and last.tolist() == [29, 69]  # 6 and 7 tie on count; 7 occurs later

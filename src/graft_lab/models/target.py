@@ -26,6 +26,7 @@ DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfl
 
 
 SUCCESSOR_CHUNK = 256  # positions per lm_head call when prefill reads top-k successors
+SUCCESSOR_SHARE = 0.04  # the successor read's lm_head FLOPs, at most this share of the prefill's layer FLOPs
 
 
 def top_k_logp(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -43,12 +44,17 @@ class Successors:
     logp: torch.Tensor  # [U, k] float32 log-probabilities
 
     @staticmethod
-    def last_positions(ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(distinct tokens [U], the position of each one's last occurrence [U]) of ids [S]."""
-        tokens, inverse = torch.unique(ids, return_inverse=True)
+    def last_positions(ids: torch.Tensor, limit: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(distinct tokens [U], the position of each one's last occurrence [U]) of ids [S], ascending by token;
+        with `limit`, only the `limit` most frequent ones (ties: the later last occurrence first)."""
+        tokens, inverse, counts = torch.unique(ids, return_inverse=True, return_counts=True)
         pos = torch.arange(ids.numel(), device=ids.device)
         last = torch.full((tokens.numel(),), -1, dtype=torch.long, device=ids.device)
-        return tokens, last.scatter_reduce(0, inverse, pos, reduce="amax")
+        last = last.scatter_reduce(0, inverse, pos, reduce="amax")
+        if limit is not None and limit < tokens.numel():
+            keep = torch.topk(counts * (ids.numel() + 1) + last, limit).indices.sort().values
+            tokens, last = tokens[keep], last[keep]
+        return tokens, last
 
 
 @dataclass
@@ -199,10 +205,17 @@ class Target:
         succ = self.successors(ids, out.hidden_states[-1][0], successors) if successors > 0 else None
         return TargetOutput(logits=out.logits[0].float(), aux=aux, successors=succ)
 
+    def successor_rows(self, positions: int) -> int:
+        """How many lm_head rows a prefill of `positions` tokens may add for successors: SUCCESSOR_SHARE of the
+        layers' FLOPs (2 x their parameters per token) over one row's (2 x hidden x vocab)."""
+        layer_params = sum(p.numel() for name, p in self.model.named_parameters() if ".layers." in name)
+        return int(SUCCESSOR_SHARE * positions * layer_params / (self.hidden_size * self.vocab_size))
+
     def successors(self, ids: torch.Tensor, hidden: torch.Tensor, k: int, chunk: int = SUCCESSOR_CHUNK) -> Successors:
-        """Top-k next tokens after each distinct token of `ids` ([T]) at its last occurrence, from the final
-        hidden states ([T, H], what lm_head reads) through lm_head `chunk` positions at a time: never [T, V]."""
-        tokens, last = Successors.last_positions(ids)
+        """Top-k next tokens after the distinct tokens of `ids` ([T]) at their last occurrence, from the final
+        hidden states ([T, H], what lm_head reads) through lm_head `chunk` positions at a time: never [T, V].
+        Its cost is capped at `successor_rows(T)` rows: the most frequent tokens first, the rest are left out."""
+        tokens, last = Successors.last_positions(ids, self.successor_rows(ids.numel()))
         head = self.model.get_output_embeddings()
         parts = [top_k_logp(head(hidden[last[i : i + chunk]]).float(), k) for i in range(0, last.numel(), chunk)]
         return Successors(tokens, torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]))

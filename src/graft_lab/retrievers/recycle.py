@@ -33,7 +33,7 @@ PAPER_WIDTHS = [8, 10, 8, 6, 5, 4, 4, 4, 3]  # 52 nodes over 9 depths
 class RecycleOptions:
     top_k: int = 8  # candidates kept per token: the columns of M
     widths: list[int] = field(default_factory=lambda: list(PAPER_WIDTHS))  # template nodes per depth
-    warm_prefill: bool = True  # write M rows from prefill: the target's top-k after each prompt token
+    warm_prefill: bool = True  # write M rows from prefill: the target's top-k after the prompt's most frequent tokens (<= 4% of its FLOPs)
     warm_path: str | None = None  # .npy/.pt: a 1-D token stream, or [n, 3] rows (prev, next, count)
     persist: bool = True  # keep M across sequences, as token recycling does
 
