@@ -13,7 +13,7 @@ from graft_lab.errors import ConfigError
 from graft_lab.graft import GRAFTS, graft_match, graft_root, graft_tail
 from graft_lab.models.target import Successors, top_k_logp
 from graft_lab.retrievers import RETRIEVERS
-from graft_lab.retrievers.base import Fragment
+from graft_lab.retrievers.base import Fragment, retrieved
 from graft_lab.retrievers.ngram import NgramOptions, NgramRetriever
 from graft_lab.tree import DraftTree, Source
 
@@ -71,7 +71,7 @@ class FakeLookup:
         if not tokens:
             return Fragment.empty()
         long = lambda xs: torch.tensor(xs, dtype=torch.long)
-        return Fragment(long(under), long(tokens), long(parents), long(depth), torch.tensor(score))
+        return Fragment(long(under), long(tokens), long(parents), long(depth), torch.tensor(score), retrieved(len(tokens), "cpu"))
 
 
 CONF = Path(__file__).resolve().parent.parent / "conf" / "graft"

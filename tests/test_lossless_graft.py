@@ -25,6 +25,7 @@ from tiny import hf_greedy, repetitive_prompt, shared_tiny_target, tiny_eagle3
 
 ARCHS = ("llama", "qwen2", "qwen3")
 COMBOS = list(itertools.product(("none", "dyn_depth"), ("none", "recycle", "ngram", "sam"), ("root", "tail", "match")))
+COMBOS += list(itertools.product(("none", "dyn_depth"), ("pool",), ("root", "tail", "match")))  # ngram + recycle + sam
 BUDGETS = (1, 2, 3, 5, 8, 13, 24, 40, 60, 80)
 REFS: dict[tuple, list[int]] = {}
 

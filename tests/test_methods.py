@@ -25,6 +25,7 @@ EXPECTED = {  # the issue's definitions: drafter, pruner, retriever, graft mode
     "graft_tail": ("eagle3", "dyn_depth", "recycle", "tail"),
     "graft_match": ("eagle3", "dyn_depth", "recycle", "match"),
     "graft": ("eagle3", "dyn_depth", "recycle", "root"),
+    "graft_pool": ("eagle3", "dyn_depth", "pool", "root"),  # ngram + recycle + sam, weighed per source (tree=auto)
 }
 
 
@@ -47,6 +48,9 @@ def test_method_preset_sets_every_part(name):
         assert run.tree.total_tokens == 1
     if name == "eagle3_chain":
         assert (run.tree.total_tokens, run.tree.depth, run.tree.top_k) == (CHAIN.total_tokens, CHAIN.depth, CHAIN.top_k)
+    if name == "graft_pool":
+        assert run.tree.plan == "auto" and cfg["retriever"]["sources"] == ["ngram", "recycle", "sam"]
+        assert validate(compose_cfg([f"method={name}", "tree=k16"]))[0].tree.plan == "fixed"  # a fixed K still works
     if EXPECTED[name][0] == "eagle3":
         assert (cfg["drafter"]["depth"], cfg["drafter"]["top_k"]) == (run.tree.depth, run.tree.top_k)
 

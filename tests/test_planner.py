@@ -22,7 +22,7 @@ from graft_lab.planner import CostPlanner, FixedPlanner, Plan
 from graft_lab.profile import CostProfile, grid
 from graft_lab.pruners import PRUNERS
 from graft_lab.retrievers import RETRIEVERS
-from graft_lab.tree import DraftTree, Source
+from graft_lab.tree import DraftTree, Source, retrieved_by
 from graft_lab.verify import SamplingParams
 from harness import compose_cfg
 from tiny import hf_greedy, repetitive_prompt, shared_tiny_target, tiny_eagle3
@@ -108,6 +108,59 @@ def test_observing_acceptance_calibrates_each_cell():
     fresh = AcceptanceModel()
     fresh.observe(nodes, np.array([0, 2]), fresh.predict(nodes))
     assert fresh.conditional(tree)[3] == pytest.approx(before[3])
+
+
+def old_cells(nodes: NodeArrays) -> np.ndarray:
+    """The acceptance model's cells before retrievers were told apart (one retriever per method), kept
+    as the reference: a single-retriever method must predict exactly as it did."""
+    from graft_lab.acceptance import BUCKETS, DEPTHS, RANKS
+
+    parents = np.maximum(nodes.parents, 0)
+    depth = np.clip(nodes.depth, 1, DEPTHS) - 1
+    cond = np.exp(np.minimum(nodes.score - nodes.score[parents], 0.0))
+    draft_cell = depth * BUCKETS + np.minimum((cond * BUCKETS).astype(np.int64), BUCKETS - 1)
+    group = parents * 2 + nodes.retrieved
+    order = np.lexsort((-nodes.score, group))
+    g = group[order]
+    rank = np.empty_like(order)
+    rank[order] = np.arange(order.size) - np.searchsorted(g, g)
+    return np.where(nodes.retrieved, DEPTHS * BUCKETS + depth * RANKS + np.minimum(rank, RANKS - 1), draft_cell)
+
+
+def test_one_retriever_keeps_its_cells_and_predictions():
+    rng = random.Random(3)
+    model, trained = AcceptanceModel(), AcceptanceModel()
+    cells = len(trained.rates)
+    for _ in range(30):
+        t = random_tree(rng, rng.randint(2, 40))
+        nodes = NodeArrays.of(t)
+        assert np.array_equal(model.cells(nodes)[1:], old_cells(nodes)[1:])
+        trained.observe(nodes, np.array([0]), trained.predict(nodes))
+    assert len(trained.rates) == cells == len(model.rates)  # no cells added for other sources
+
+
+def test_each_retriever_of_a_pool_is_calibrated_apart():
+    """Source 0 is always accepted, source 1 never, at the same depth and rank: the model separates them
+    (keyed by depth and rank alone, they would share one cell and both predict about a half)."""
+    model = AcceptanceModel()
+    ngram = tree_of([-1, 0, 1], [1.0, 0.5, 0.5], [Source.ROOT, retrieved_by(0), retrieved_by(0)])
+    sam = tree_of([-1, 0, 1], [1.0, 0.5, 0.5], [Source.ROOT, retrieved_by(1), retrieved_by(1)])
+    assert model.conditional(ngram).tolist() == pytest.approx(model.conditional(sam).tolist())  # the same prior
+    for _ in range(60):
+        for tree, path in ((ngram, [0, 1, 2]), (sam, [0])):
+            nodes = NodeArrays.of(tree)
+            model.observe(nodes, np.array(path), model.predict(nodes))
+    assert model.retrievers == 2
+    assert (model.conditional(ngram)[1:] > 0.9).all() and model.conditional(sam)[1] < 0.1
+    assert model.conditional(sam)[2] == pytest.approx(0.3)  # never tried (its parent always failed): the prior
+    # in one tree the sources are siblings, each at rank 0 of its own: the ngram chain is expected, sam's not
+    both = tree_of([-1, 0, 1, 0, 3], [1.0, 0.5, 0.5, 0.5, 0.5],
+                   [Source.ROOT, retrieved_by(0), retrieved_by(0), retrieved_by(1), retrieved_by(1)])
+    p = model.path_probs(both)
+    assert p[1] > 0.9 and p[2] > 0.8 and p[3] < 0.1 and p[4] < 0.01
+    # the planner spends a tight budget on the source that has been right
+    plan = CostPlanner(fake_profile(lambda n: 10 * MS * (1 + 0.5 * (n - 1)), 8), model, 8).plan(both, 100, 0.0)
+    assert plan.tree.size == 3 and plan.tree.source.tolist() == [0, retrieved_by(0), retrieved_by(0)]
 
 
 # ---- the planner's choice on faked profiles -------------------------------------------------------

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from graft_lab.tree import DraftTree, Source
+from graft_lab.tree import MAX_RETRIEVERS, DraftTree, Source, is_retrieved, retrieved_by, retriever_index
 
 
 def random_tree(n: int, vocab: int = 7, seed: int = 0) -> DraftTree:
@@ -77,6 +77,40 @@ def test_add_subtree_attaches_and_folds():
     assert merged.size == base + 2  # the duplicate folded into the existing child; its slot is reused
     y = int((merged.tokens == 77).nonzero())
     assert int(merged.parents[y]) == child_of_root and int(merged.depth[y]) == int(tree.depth[child_of_root]) + 1
+
+
+def test_the_retriever_of_a_node_is_part_of_its_source():
+    """A pool's i-th source tags its nodes RETRIEVED + i; a method's one retriever is index 0 (RETRIEVED)."""
+    src = torch.tensor([int(Source.ROOT), int(Source.DRAFT), retrieved_by(0), retrieved_by(3)], dtype=torch.int8)
+    assert retrieved_by(0) == int(Source.RETRIEVED)
+    assert is_retrieved(src).tolist() == [False, False, True, True]
+    assert retriever_index(src).tolist() == [-1, -1, 0, 3]
+    assert retriever_index(src.long().numpy()).tolist() == [-1, -1, 0, 3]  # the acceptance model's host arrays
+    assert retrieved_by(MAX_RETRIEVERS - 1) <= torch.iinfo(torch.int8).max
+    with pytest.raises(ValueError):
+        retrieved_by(MAX_RETRIEVERS)
+
+
+def test_sources_survive_add_subtree_fold_select_and_cut():
+    """Per-node sources go in with add_subtree; folding keeps the earlier node's source; select and cut carry them."""
+    tree = DraftTree.root(1)
+    merged = tree.add_subtree(
+        under=torch.zeros(6, dtype=torch.long), tokens=torch.tensor([5, 6, 5, 7, 8, 9]),
+        parents=torch.tensor([-1, 0, -1, 2, -1, 4]), score=torch.tensor([-0.5, -0.6, -0.1, -0.7, -0.2, -0.3]),
+        source=torch.tensor([retrieved_by(0)] * 2 + [retrieved_by(1)] * 2 + [retrieved_by(2)] * 2, dtype=torch.int8),
+    )
+    merged.check()
+    by_token = dict(zip(merged.tokens.tolist(), merged.source.tolist()))
+    # 5 was proposed by sources 0 and 1: the earlier keeps it, with the better score; 7 (source 1) hangs under it
+    assert by_token == {1: int(Source.ROOT), 5: retrieved_by(0), 6: retrieved_by(0), 7: retrieved_by(1),
+                        8: retrieved_by(2), 9: retrieved_by(2)}
+    assert float(merged.score[merged.tokens == 5]) == pytest.approx(-0.1)
+    assert int(merged.parents[merged.tokens == 7]) == int((merged.tokens == 5).nonzero())
+    kept = merged.cut(4)  # root, 5 (-0.1), 8 (-0.2), 9 (-0.3)
+    assert dict(zip(kept.tokens.tolist(), kept.source.tolist())) == {1: 0, 5: retrieved_by(0), 8: retrieved_by(2),
+                                                                       9: retrieved_by(2)}
+    assert merged.add_subtree(torch.zeros(1, dtype=torch.long), torch.tensor([4]), torch.tensor([-1]),
+                              torch.tensor([-1.0]), Source.DRAFT).source.tolist()[-1] == int(Source.DRAFT)
 
 
 @pytest.mark.parametrize("budget", [1, 2, 5, 17, 100])

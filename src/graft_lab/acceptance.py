@@ -5,10 +5,12 @@ Cells, each a Beta posterior (prior pseudo-counts plus evidence that fades by `m
 model follows a prompt that turns from chat to copying):
   drafted nodes    by depth and the drafter's own conditional probability exp(score - parent score),
                    in `BUCKETS` equal buckets; prior mean: the bucket's middle
-  retrieved nodes  by depth and rank among their retrieved siblings (by score); prior mean 0.3 / (1 + rank)
+  retrieved nodes  by retriever, depth and rank among their siblings from the same retriever (by score);
+                   prior mean 0.3 / (1 + rank). A method's one retriever is retriever 0; a pool of several
+                   (`retrievers/pool.py`) tags each node with the source that proposed it, so every source
+                   gets its own cells, added (at the prior) when its first node is seen.
 A node's path probability is the product of the conditionals on its path, so a child never exceeds its
 parent; the expected tokens of a tree are 1 (the bonus token) plus the sum of its nodes' path probabilities.
-One model serves one method, so its retrieved cells are the method's retriever's.
 
 The arithmetic runs in NumPy on the host: trees are a few dozen nodes, where each torch call would cost
 more than the work (the planner's whole step budget is a fraction of a millisecond).
@@ -22,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .tree import DraftTree, Source
+from .tree import DraftTree, retriever_index
 
 DEPTHS = 16  # deeper nodes share the last depth's cells
 BUCKETS = 10  # draft conditional-probability buckets
@@ -39,12 +41,16 @@ class NodeArrays:
     parents: np.ndarray  # [N] int64, -1 for the root
     depth: np.ndarray  # [N] int64
     score: np.ndarray  # [N] float64
-    retrieved: np.ndarray  # [N] bool
+    retriever: np.ndarray  # [N] int64: the retriever that proposed the node, -1 for the root and drafted nodes
+
+    @property
+    def retrieved(self) -> np.ndarray:
+        return self.retriever >= 0  # [N] bool
 
     @staticmethod
     def of(tree: DraftTree) -> "NodeArrays":
         ints = torch.stack([tree.parents, tree.depth, tree.source.long()]).cpu().numpy()  # one copy from the device
-        return NodeArrays(ints[0], ints[1], tree.score.double().cpu().numpy(), ints[2] == int(Source.RETRIEVED))
+        return NodeArrays(ints[0], ints[1], tree.score.double().cpu().numpy(), retriever_index(ints[2]))
 
 
 @dataclass(frozen=True)
@@ -54,35 +60,49 @@ class Prediction:
 
 
 class AcceptanceModel:
+    """Cells: the drafted ones (DEPTHS x BUCKETS), then DEPTHS x RANKS per retriever, in retriever order."""
+
     def __init__(self, prior_strength: float = PRIOR_STRENGTH, memory: float = MEMORY):
+        self.prior_strength = prior_strength
         self.memory = memory
-        draft_mean = (np.arange(BUCKETS) + 0.5) / BUCKETS  # [B]
-        retrieved_mean = 0.3 / (1 + np.arange(RANKS))  # [R]
-        mean = np.concatenate([np.tile(draft_mean, DEPTHS), np.tile(retrieved_mean, DEPTHS)])  # [C]
-        self.prior_hits = prior_strength * mean
-        self.prior_tries = np.full_like(mean, prior_strength)
-        self.hits = np.zeros_like(mean)  # evidence: accepted nodes per cell
-        self.tries = np.zeros_like(mean)  # evidence: nodes whose parent was accepted
+        draft_mean = np.tile((np.arange(BUCKETS) + 0.5) / BUCKETS, DEPTHS)  # [DEPTHS * B]
+        self.prior_hits = prior_strength * draft_mean
+        self.prior_tries = np.full_like(draft_mean, prior_strength)
+        self.hits = np.zeros_like(draft_mean)  # evidence: accepted nodes per cell
+        self.tries = np.zeros_like(draft_mean)  # evidence: nodes whose parent was accepted
         self.reliability_sums = np.zeros((RELIABILITY_BINS, 3))  # per bin: predicted sum, accepted, nodes
-        self.rates = self.prior_hits / self.prior_tries  # [C] P(accepted | parent accepted)
+        self.retrievers = 0  # retrievers with cells
+        self.add_retrievers(1)  # a method's one retriever; a pool's further sources are added as they appear
+
+    def add_retrievers(self, n: int) -> None:
+        """Cells for retrievers up to index n - 1, at their prior (evidence starts at none)."""
+        if n <= self.retrievers:
+            return
+        mean = np.tile(0.3 / (1 + np.arange(RANKS)), DEPTHS * (n - self.retrievers))  # [new cells]
+        self.prior_hits = np.concatenate([self.prior_hits, self.prior_strength * mean])
+        self.prior_tries = np.concatenate([self.prior_tries, np.full_like(mean, self.prior_strength)])
+        self.hits = np.concatenate([self.hits, np.zeros_like(mean)])
+        self.tries = np.concatenate([self.tries, np.zeros_like(mean)])
+        self.retrievers = n
+        self.rates = (self.prior_hits + self.hits) / (self.prior_tries + self.tries)  # [C] P(accepted | parent accepted)
 
     # ---- per node ------------------------------------------------------------------------------
-    @staticmethod
-    def cells(nodes: NodeArrays) -> np.ndarray:
-        """[N] the cell of each node (the root's is unused)."""
+    def cells(self, nodes: NodeArrays) -> np.ndarray:
+        """[N] the cell of each node (the root's is unused); adds the cells of a retriever seen first here."""
         parents = np.maximum(nodes.parents, 0)
         depth = np.clip(nodes.depth, 1, DEPTHS) - 1
         cond = np.exp(np.minimum(nodes.score - nodes.score[parents], 0.0))
         draft_cell = depth * BUCKETS + np.minimum((cond * BUCKETS).astype(np.int64), BUCKETS - 1)
         if not nodes.retrieved.any():
             return draft_cell
+        self.add_retrievers(int(nodes.retriever.max()) + 1)
         # rank among siblings of the same source: by score, descending, within (parent, source) groups
-        group = parents * 2 + nodes.retrieved
+        group = parents * (self.retrievers + 1) + nodes.retriever + 1  # source: drafted 0, retriever i i + 1
         order = np.lexsort((-nodes.score, group))
         g = group[order]
         rank = np.empty_like(order)
         rank[order] = np.arange(order.size) - np.searchsorted(g, g)
-        retrieved_cell = DEPTHS * BUCKETS + depth * RANKS + np.minimum(rank, RANKS - 1)
+        retrieved_cell = DEPTHS * BUCKETS + (nodes.retriever * DEPTHS + depth) * RANKS + np.minimum(rank, RANKS - 1)
         return np.where(nodes.retrieved, retrieved_cell, draft_cell)
 
     def predict(self, nodes: NodeArrays) -> Prediction:
@@ -99,7 +119,8 @@ class AcceptanceModel:
 
     def conditional(self, tree: DraftTree) -> np.ndarray:
         """[N] P(node accepted | parent accepted); the root's is 1."""
-        cond = self.rates[self.cells(NodeArrays.of(tree))]
+        cells = self.cells(NodeArrays.of(tree))  # first: it may add a retriever's cells to the rates
+        cond = self.rates[cells]
         cond[0] = 1.0
         return cond
 

@@ -179,7 +179,7 @@ def check_combination(run: RunConfig, data: dict[str, Any]) -> None:
                           "pruner=none (method=pld, recycle or sam for retrieval alone)")
     if name["graft"] != "root" and name["retriever"] == "none":
         raise ConfigError(f"graft={name['graft']} hangs retrieved continuations under draft nodes, but retriever=none: "
-                          "pick a retriever (retriever=recycle, ngram or sam) or graft=root")
+                          "pick a retriever (retriever=recycle, ngram, sam or pool) or graft=root")
     if name["graft"] != "root" and name["drafter"] == "none":
         raise ConfigError(f"graft={name['graft']} grafts onto draft nodes, but drafter=none: use graft=root")
 

@@ -22,7 +22,7 @@ import torch
 from .errors import ConfigError
 from .registry import Registry
 from .retrievers.base import Fragment, Retriever
-from .tree import DraftTree, Source
+from .tree import DraftTree
 
 Graft = Callable[[DraftTree, DraftTree, int], DraftTree]
 GRAFTS: Registry[Graft] = Registry("graft")
@@ -30,18 +30,12 @@ GRAFTS: Registry[Graft] = Registry("graft")
 
 def attach(tree: DraftTree, *fragments: Fragment) -> DraftTree:
     """Hang fragments under their anchors in one fold pass; a node's score becomes its anchor's score
-    plus its own estimate. Folding keeps earlier nodes, so `tree`'s nodes keep their indices."""
-    frags = [f for f in fragments if f.size]
-    if not frags:
+    plus its own estimate, its source the fragment's. Folding keeps earlier nodes, so `tree`'s nodes keep
+    their indices and sources, and among fragments the earlier one's node wins."""
+    frag = Fragment.concat(list(fragments), tree.device)
+    if not frag.size:
         return tree
-    offsets = [0]
-    for f in frags[:-1]:
-        offsets.append(offsets[-1] + f.size)
-    under = torch.cat([f.under for f in frags]).to(tree.device)
-    parents = torch.cat([torch.where(f.parents < 0, f.parents, f.parents + o) for f, o in zip(frags, offsets)]).to(tree.device)
-    tokens = torch.cat([f.tokens for f in frags]).to(tree.device)
-    score = tree.score[under] + torch.cat([f.score for f in frags]).to(tree.device)
-    return tree.add_subtree(under, tokens, parents, score, Source.RETRIEVED)
+    return tree.add_subtree(frag.under, frag.tokens, frag.parents, tree.score[frag.under] + frag.score, frag.source)
 
 
 def fill(merged: DraftTree, kept: int, budget: int) -> DraftTree:

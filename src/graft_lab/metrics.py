@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from .tree import DraftTree, Source
+from .tree import DraftTree, Source, is_retrieved
 
 if TYPE_CHECKING:
     from .planner import Plan
@@ -68,12 +68,13 @@ class StepRecord:
     @staticmethod
     def of(tree: DraftTree, path: torch.Tensor, timer: PhaseTimer, plan: "Plan | None" = None) -> "StepRecord":
         src = tree.source
+        retrieved = is_retrieved(src)  # [N] bool, whichever retriever proposed the node
         return StepRecord(
             accept_length=int(path.numel()),
-            accepted_retrieved=int((src[path] == Source.RETRIEVED).sum()),
+            accepted_retrieved=int(retrieved[path].sum()),
             tree_size=tree.size,
             drafted=int((src == Source.DRAFT).sum()),
-            retrieved=int((src == Source.RETRIEVED).sum()),
+            retrieved=int(retrieved.sum()),
             times=dict(timer.times),
             predicted_tokens=plan.expected_tokens if plan else None,
             predicted_time=plan.expected_time if plan else None,

@@ -14,6 +14,8 @@ from .config import RunConfig
 from .data import Question, source_of
 from .errors import ConfigError
 from .prompts import check_budget, check_first_turns, context_of
+from .retrievers.pool import source_nodes
+from .retrievers.recycle import load_bigrams
 from .weights import DRAFTER, TARGET, Weights, check_weights, local_tokenizer, model_config
 
 
@@ -60,10 +62,9 @@ def check_sizes(run: RunConfig, path: str) -> int | None:
 
 
 def check_warm_path(retriever: dict[str, Any], vocab: int | None) -> None:
-    if retriever.get("name") == "recycle" and retriever.get("warm_path") and vocab:
-        from .retrievers.recycle import load_bigrams
-
-        load_bigrams(retriever["warm_path"], vocab)
+    for node in source_nodes(retriever):  # a pool's recycle sources too
+        if node.get("name") == "recycle" and node.get("warm_path") and vocab:
+            load_bigrams(node["warm_path"], vocab)
 
 
 def check_prompts(run: RunConfig, questions: list[Question], source: str) -> None:

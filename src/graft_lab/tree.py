@@ -17,11 +17,37 @@ import torch
 
 
 class Source(IntEnum):
-    """Where a node came from; kept per node so metrics can split drafted from retrieved tokens."""
+    """Where a node came from; kept per node so metrics can split drafted from retrieved tokens, and the
+    acceptance model can calibrate each source apart.
+
+    A retrieved node's value also says which retriever proposed it: RETRIEVED + i for the i-th source of a
+    pool of retrievers (`retrievers/pool.py`), RETRIEVED itself for a method's one retriever. The three
+    functions below are the only place that encoding is read or written."""
 
     ROOT = 0
     DRAFT = 1
     RETRIEVED = 2
+
+
+MAX_RETRIEVERS = 127 - int(Source.RETRIEVED)  # sources a pool can tell apart in the int8 `source`
+
+
+def retrieved_by(index: int) -> int:
+    """The source value of nodes that retriever `index` of a pool proposed (0: a method's only retriever)."""
+    if not 0 <= index < MAX_RETRIEVERS:
+        raise ValueError(f"a retriever index must be in 0..{MAX_RETRIEVERS - 1}, got {index}")
+    return int(Source.RETRIEVED) + index
+
+
+def is_retrieved(source: torch.Tensor) -> torch.Tensor:
+    """bool [N]: the retrieved nodes, whichever retriever proposed them. `source`: [N] Source values, as
+    a tensor or a NumPy array (so is the result, here and in `retriever_index`)."""
+    return source >= int(Source.RETRIEVED)
+
+
+def retriever_index(source: torch.Tensor) -> torch.Tensor:
+    """[N] the index of the retriever that proposed each node, -1 for the root and drafted nodes."""
+    return source.clip(int(Source.DRAFT)) - int(Source.RETRIEVED)
 
 
 @dataclass(frozen=True)
@@ -74,10 +100,11 @@ class DraftTree:
         tokens: torch.Tensor,
         parents: torch.Tensor,
         score: torch.Tensor,
-        source: Source,
+        source: Source | torch.Tensor,
     ) -> "DraftTree":
         """Append a fragment. `parents[i] == -1` hangs node i under `under[i]` (a node of self);
-        otherwise it indexes an earlier node of the fragment. Duplicate children are folded."""
+        otherwise it indexes an earlier node of the fragment. Duplicate children are folded (the earlier
+        node, and so its source, wins). `source`: one Source for every node, or [M] values per node."""
         # under: [M] node of self per fragment node (used where parents == -1); tokens/parents/score: [M]
         n = self.size
         attach = parents < 0
@@ -98,7 +125,7 @@ class DraftTree:
             parents=torch.cat([self.parents, glob_parents]),
             depth=torch.cat([self.depth, depth]),
             score=torch.cat([self.score, score.to(self.score)]),
-            source=torch.cat([self.source, torch.full_like(tokens, int(source), dtype=torch.int8)]),
+            source=torch.cat([self.source, torch.as_tensor(source, dtype=torch.int8, device=self.device).expand(tokens.shape)]),
         )
         return merged.fold_duplicates()
 

@@ -9,6 +9,7 @@ one number and `DraftTree.cut` stays ancestor-closed. Each retriever documents i
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Protocol
 
 import numpy as np
@@ -28,17 +29,29 @@ class Fragment:
     parents: torch.Tensor  # [M] int64: -1 hangs under `under`, else an earlier fragment node
     depth: torch.Tensor  # [M] int64 depth below the anchor (1 for nodes hanging directly)
     score: torch.Tensor  # [M] float32 log-probability estimate of the path from the anchor
+    source: torch.Tensor  # [M] int8 Source value: which retriever proposed the node (`tree.retrieved_by`)
 
     @staticmethod
     def empty(device: torch.device | str = "cpu") -> "Fragment":
         z = torch.zeros(0, dtype=torch.long, device=device)
-        return Fragment(z, z, z, z, torch.zeros(0, device=device))
+        return Fragment(z, z, z, z, torch.zeros(0, device=device), retrieved(0, device))
 
     @staticmethod
     def below_root(tree: DraftTree) -> "Fragment":
         """A tree's non-root nodes, anchored at node 0 (the inverse of `Fragment.tree`)."""
         parents = tree.parents[1:] - 1  # the root (0) becomes the anchor (-1)
-        return Fragment(torch.zeros_like(parents), tree.tokens[1:], parents, tree.depth[1:], tree.score[1:])
+        return Fragment(torch.zeros_like(parents), tree.tokens[1:], parents, tree.depth[1:], tree.score[1:], tree.source[1:])
+
+    @staticmethod
+    def concat(fragments: list["Fragment"], device: torch.device | str) -> "Fragment":
+        """One fragment of several, in order; duplicates among them are left for `add_subtree` to fold."""
+        frags = [f for f in fragments if f.size]
+        if not frags:
+            return Fragment.empty(device)
+        offsets = accumulate((f.size for f in frags[:-1]), initial=0)  # first node of each fragment
+        cat = lambda field: torch.cat([getattr(f, field).to(device) for f in frags])
+        parents = torch.cat([torch.where(f.parents < 0, f.parents, f.parents + o).to(device) for f, o in zip(frags, offsets)])
+        return Fragment(cat("under"), cat("tokens"), parents, cat("depth"), cat("score"), cat("source"))
 
     @property
     def size(self) -> int:
@@ -46,16 +59,19 @@ class Fragment:
 
     def tree(self, root: int, device: torch.device | str) -> DraftTree:
         """The fragment as a tree under `root` (every anchor must be node 0 of the queried tree)."""
-        source = torch.full((self.size + 1,), int(Source.RETRIEVED), dtype=torch.int8, device=device)
-        source[0] = int(Source.ROOT)
         cat = lambda head, rest: torch.cat([torch.tensor([head], dtype=rest.dtype, device=device), rest.to(device)])
         return DraftTree(
             tokens=cat(root, self.tokens),
             parents=cat(-1, self.parents + 1),  # fragment -1 (the anchor) becomes node 0
             depth=cat(0, self.depth),
             score=cat(0.0, self.score),
-            source=source,
+            source=cat(int(Source.ROOT), self.source),
         )
+
+
+def retrieved(n: int, device: torch.device | str) -> torch.Tensor:
+    """[n] int8 source values of nodes a method's one retriever proposed (a pool re-tags them by index)."""
+    return torch.full((n,), int(Source.RETRIEVED), dtype=torch.int8, device=device)
 
 
 class Retriever(Protocol):
@@ -141,6 +157,7 @@ def chain_trie(anchors: np.ndarray, chains: np.ndarray, log_decay: float, device
         parents=as_long(out_par),
         depth=as_long(out_dep),
         score=torch.from_numpy(np.concatenate(out_score).astype(np.float32)).to(device),
+        source=retrieved(n, device),
     )
 
 

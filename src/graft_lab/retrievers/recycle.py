@@ -24,7 +24,7 @@ import torch
 from ..errors import ConfigError
 from ..models.target import top_k_logp
 from ..tree import DraftTree, Source
-from .base import RETRIEVERS, Fragment, Successors
+from .base import RETRIEVERS, Fragment, Successors, retrieved
 
 PAPER_WIDTHS = [8, 10, 8, 6, 5, 4, 4, 4, 3]  # 52 nodes over 9 depths
 
@@ -201,6 +201,7 @@ class RecycleRetriever:
             parents=torch.where(idx < q, -1, idx - q),
             depth=idx // q + 1,
             score=torch.cat(scores),
+            source=retrieved(max_len * q, tree.device),
         )
 
 
