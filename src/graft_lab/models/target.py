@@ -218,6 +218,8 @@ class Target:
         tokens, last = Successors.last_positions(ids, self.successor_rows(ids.numel()))
         head = self.model.get_output_embeddings()
         parts = [top_k_logp(head(hidden[last[i : i + chunk]]).float(), k) for i in range(0, last.numel(), chunk)]
+        if not parts:  # a prompt too short to pay for one row
+            return Successors(tokens, tokens.new_zeros(0, k), torch.zeros(0, k, device=tokens.device))
         return Successors(tokens, torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]))
 
     def tree_attention_mask(self, tree_mask: torch.Tensor, prefix: int) -> torch.Tensor:
