@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import time
 from types import SimpleNamespace
 
 import torch
@@ -35,10 +36,18 @@ def random_tree_mask(nodes: int, generator: torch.Generator) -> torch.Tensor:
     return mask[None]
 
 
-def median_ms(fn, repeats: int, flush: torch.Tensor) -> float:
-    """Median of `repeats` CUDA-event timings, each after an L2 flush, following a warm-up."""
-    for _ in range(WARMUP):
+def median_ms(fn, repeats: int, flush: torch.Tensor | None, warmup: int = WARMUP) -> float:
+    """Median of `repeats` timings after a warm-up: CUDA events, each after an L2 flush, on a GPU;
+    the wall clock on CPU (Triton's interpreter; `flush` None)."""
+    for _ in range(warmup):
         fn()
+    if flush is None:
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            fn()
+            times.append(1e3 * (time.perf_counter() - t0))
+        return statistics.median(times)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     times = []
     for _ in range(repeats):
@@ -51,47 +60,57 @@ def median_ms(fn, repeats: int, flush: torch.Tensor) -> float:
     return statistics.median(times)
 
 
-def bench(prefixes: list[int], node_counts: list[int], repeats: int) -> None:
+def bench(prefixes: list[int], node_counts: list[int], repeats: int, device: str = "cuda",
+          heads: tuple[int, int, int] = (Q_HEADS, KV_HEADS, HEAD_DIM), warmup: int = WARMUP) -> list[dict]:
+    """Print the table and return its rows. On CPU (tiny heads, Triton's interpreter) it runs the same code
+    with wall-clock timings: a smoke of this benchmark, not a measurement."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     from graft_lab.kernels import pack_tree_mask, tree_attention
 
-    device, dtype = torch.device("cuda"), torch.bfloat16
-    module = SimpleNamespace(num_key_value_groups=Q_HEADS // KV_HEADS, is_causal=True)
-    flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.uint8, device=device)
+    q_heads, kv_heads, head_dim = heads
+    device, dtype = torch.device(device), torch.bfloat16
+    module = SimpleNamespace(num_key_value_groups=q_heads // kv_heads, is_causal=True)
+    cuda = device.type == "cuda"
+    flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.uint8, device=device) if cuda else None
     generator = torch.Generator().manual_seed(0)
-    print(f"device: {torch.cuda.get_device_name(device)}; Hq {Q_HEADS}, Hkv {KV_HEADS}, D {HEAD_DIM}, bf16, batch 1")
+    label = torch.cuda.get_device_name(device) if cuda else "CPU (Triton interpreter)"
+    print(f"device: {label}; Hq {q_heads}, Hkv {kv_heads}, D {head_dim}, bf16, batch 1")
     peaks = "  ".join(f"%{name}" for name in PEAK_TBPS)
     print(f"{'prefix':>7} {'T':>4} {'sdpa us':>9} {'tree us':>9} {'speedup':>8} {'GB/s':>7}  {peaks}  {'max|diff|':>9}")
+    rows = []
     for prefix in prefixes:
         for nodes in node_counts:
             seq = prefix + nodes
-            q = torch.randn(1, Q_HEADS, nodes, HEAD_DIM, device=device, dtype=dtype)
-            k = torch.randn(1, KV_HEADS, seq, HEAD_DIM, device=device, dtype=dtype)
-            v = torch.randn(1, KV_HEADS, seq, HEAD_DIM, device=device, dtype=dtype)
+            q = torch.randn(1, q_heads, nodes, head_dim, device=device, dtype=dtype)
+            k = torch.randn(1, kv_heads, seq, head_dim, device=device, dtype=dtype)
+            v = torch.randn(1, kv_heads, seq, head_dim, device=device, dtype=dtype)
             tree_mask = random_tree_mask(nodes, generator).to(device)
             float_mask = torch.zeros(1, 1, nodes, seq, device=device, dtype=dtype)
             float_mask[..., prefix:].masked_fill_(~tree_mask[:, None], torch.finfo(dtype).min)
             bits = pack_tree_mask(tree_mask)  # once per verification step, shared by all layers
 
             def sdpa():
-                return sdpa_attention_forward(module, q, k, v, float_mask, scaling=HEAD_DIM**-0.5)[0]
+                return sdpa_attention_forward(module, q, k, v, float_mask, scaling=head_dim**-0.5)[0]
 
             def tree():
                 return tree_attention(q, k, v, bits)
 
             diff = (tree().transpose(1, 2).float() - sdpa().float()).abs().max().item()
-            sdpa_ms = median_ms(sdpa, repeats, flush)
-            tree_ms = median_ms(tree, repeats, flush)
-            kv_bytes = 2 * KV_HEADS * seq * HEAD_DIM * k.element_size()
+            sdpa_ms = median_ms(sdpa, repeats, flush, warmup)
+            tree_ms = median_ms(tree, repeats, flush, warmup)
+            kv_bytes = 2 * kv_heads * seq * head_dim * k.element_size()
             gbps = kv_bytes / (tree_ms * 1e-3) / 1e9
             shares = "  ".join(f"{100 * gbps / (tbps * 1e3):>{len(name) + 1}.0f}" for name, tbps in PEAK_TBPS.items())
             print(
                 f"{prefix:>7} {nodes:>4} {sdpa_ms * 1e3:>9.1f} {tree_ms * 1e3:>9.1f} "
                 f"{sdpa_ms / tree_ms:>7.2f}x {gbps:>7.0f}  {shares}  {diff:>9.2e}"
             )
+            rows.append({"prefix": prefix, "nodes": nodes, "sdpa_us": sdpa_ms * 1e3, "tree_us": tree_ms * 1e3,
+                         "speedup": sdpa_ms / tree_ms, "gbps": gbps, "max_abs_diff": diff})
     print("speedup = sdpa / tree; GB/s counts K and V read once; peaks: "
           + ", ".join(f"{name} {tbps} TB/s" for name, tbps in PEAK_TBPS.items()))
+    return rows
 
 
 def interpreter_smoke() -> None:

@@ -134,6 +134,11 @@ def test_random_model_is_seeded_and_tiny():
     assert tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False).startswith("<|im_start|>")
     with pytest.raises(ModelLoadError, match="unknown option 'width'"):
         RandomSpec.parse("random:llama?width=3")
+    spec = RandomSpec.parse("random:qwen3?hidden=64&heads=4&head_dim=32&intermediate=96&vocab=300")
+    cfg = spec.config()  # no tokenizer needed when vocab is given
+    assert (cfg.head_dim, cfg.intermediate_size, cfg.vocab_size) == (32, 96, 300)
+    with pytest.raises(ModelLoadError, match="needs vocab"):
+        RandomSpec.parse("random:llama").config()
 
 
 def test_tiny_overrides_validate():

@@ -69,8 +69,8 @@ class TreeKVLayer(CacheLayerMixin):
             raise RuntimeError("fill_random needs a layer that has seen one forward (its shapes)")
         if length > self.max_len:
             raise RuntimeError(f"KV cache overflow: {length} > max_len {self.max_len}")
-        for buf in (self.keys, self.values):
-            noise = torch.randn(buf[:, :, :length].shape, generator=generator, dtype=torch.float32)
+        for buf in (self.keys, self.values):  # drawn where the buffer lives: no host round trip on a GPU
+            noise = torch.randn(buf[:, :, :length].shape, generator=generator, dtype=torch.float32, device=buf.device)
             buf[:, :, :length] = noise.to(buf)
         self.length = length
 
@@ -95,6 +95,7 @@ class TreeKVCache(Cache):
             layer.crop(length)
 
     def fill_random(self, length: int, seed: int = 0) -> None:
-        generator = torch.Generator().manual_seed(seed)
+        first = self.layers[0]
+        generator = torch.Generator(first.keys.device if first.is_initialized else "cpu").manual_seed(seed)
         for layer in self.layers:
             layer.fill_random(length, generator)
