@@ -65,8 +65,10 @@ class ReferenceDrafter:
             return DraftTree.root(inp.root)
         k = min(self.top_k, self.net.draft_vocab_size)
         tok, lp = self._top_k(h, k)
-        pool_tok, pool_score, pool_par, pool_depth = [tok[0]], [lp[0]], [torch.zeros(k, dtype=torch.long)], [torch.ones(k, dtype=torch.long)]
-        frontier, frontier_h, frontier_anc = torch.arange(1, k + 1), h.expand(k, -1), torch.zeros(k, 0, dtype=torch.bool)
+        pool_tok, pool_score = [tok[0]], [lp[0]]
+        pool_par, pool_depth = [torch.zeros(k, dtype=torch.long)], [torch.ones(k, dtype=torch.long)]
+        frontier, frontier_h = torch.arange(1, k + 1), h.expand(k, -1)
+        frontier_anc = torch.zeros(k, 0, dtype=torch.bool)
         n_nodes, level = 1 + k, 0
         while level + 1 < self.depth and pruner.keep_drafting(level, float(pool_score[-1].max())):
             f = frontier.numel()
@@ -151,7 +153,8 @@ def compare_drafts(net: Eagle3Model, target, depth: int, top_k: int, seed: int, 
         inp = DraftInput(feats, torch.randint(0, target.vocab_size, (m,), generator=gen), start)
         budget = rng.choice([1, 2, 3, rng.randint(4, 20), rng.randint(20, 90)])
         threshold = rng.choice([None, -1.0, -4.0, -12.0])
-        p_new, p_ref = (NoPruner(), NoPruner()) if threshold is None else (RecordingPruner(threshold), RecordingPruner(threshold))
+        pruner = NoPruner if threshold is None else (lambda: RecordingPruner(threshold))
+        p_new, p_ref = pruner(), pruner()
         got, want = new.draft(inp, budget, p_new), ref.draft(inp, budget, p_ref)
         where = f"seed {seed} step {step} depth {depth} top_k {top_k} budget {budget} threshold {threshold}"
         assert_same_tree(got, want, where)

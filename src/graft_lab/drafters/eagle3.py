@@ -75,8 +75,9 @@ class Eagle3Drafter:
         slices of the kept table, or position ids [1, rows] where the RoPE type has no fixed table."""
         if self.rope is None:
             dev = self.to_target.device
-            ids = torch.arange(start, start + length, device=dev) if length == rows else torch.full((rows,), start, device=dev)
-            return ids[None]
+            if length == rows:
+                return torch.arange(start, start + length, device=dev)[None]
+            return torch.full((1, rows), start, device=dev)
         cos, sin = self.rope
         return cos[:, start : start + length], sin[:, start : start + length]  # [1, length, D] each
 
