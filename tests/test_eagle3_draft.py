@@ -228,3 +228,19 @@ def test_a_drafter_in_another_dtype_is_lossless(arch, dtype):
         longest = max([longest, *(s.accept_length for s in gen.steps)])
     assert drafter.cache.layers[0].keys.dtype == dtype and drafted > 0  # it drafted, in its own dtype
     assert longest >= 3
+
+
+def test_draft_ops_table_lists_the_level_ops(tmp_path, capsys):
+    """benchmarks/draft_ops.py: per further level, every op's share of the op time and its calls."""
+    from benchmarks.draft_ops import main
+    from graft_lab.models.target import Target, load_model
+
+    model = "random:llama?seed=0&hidden=64&layers=4"
+    path = write_eagle3(Target(*load_model(model)), tmp_path / "d")
+    assert main(["--model", model, "--drafter", str(path), "--depth", "3", "--top-k", "2", "--repeats", "2",
+                 "--drafter-dtype", "bfloat16", "--rows", "1000"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    rows = {line.split()[0]: [float(x) for x in line.split()[1:]] for line in out[3:] if line.strip()}
+    assert "(bfloat16)" in out[0] and "aten::mm" in rows
+    assert rows["aten::mm"][1] == 8.0  # fc is skipped after level 0: q, k, v, o, gate, up, down, head
+    assert sum(share for share, _ in rows.values()) == pytest.approx(100, abs=0.5)
