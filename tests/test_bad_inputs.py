@@ -173,6 +173,7 @@ CASES = [
     Case("triton attention on CPU", ["verify.attn=triton"], "verify.attn", no_triton_interpreter),
     Case("drafter path missing", ["drafter=eagle3", "drafter.path=/nonexistent/drafter"], "/nonexistent/drafter"),
     Case("truncated drafter safetensors", [], "model.safetensors", drafter_variant(truncate("model.safetensors"))),
+    Case("unknown drafter dtype", ["drafter.dtype=int8"], "drafter.dtype", drafter_variant(lambda p: None)),
     # datasets
     Case("jsonl without a path", ["dataset=jsonl"], "dataset.path"),
     Case("jsonl file missing", ["dataset=jsonl", "dataset.path=/nonexistent/q.jsonl"], "/nonexistent/q.jsonl"),

@@ -99,6 +99,11 @@ def test_a_real_profile_is_measured_once_then_read_from_the_cache(cache_dir):
     key_bf16 = profile_for(half, NoDrafter(), "tiny", "none", cap=4, repeats=1, budget_s=1.0)
     assert key_bf16[0].key["dtype"] == "bfloat16" and key_bf16[1] != path and not key_bf16[2]
     assert profile_for(target, drafter, "tiny", "eagle3-tiny", cap=8, repeats=1)[1] != path
+    assert prof.key["drafter_dtype"] == "float32" and key_bf16[0].key["drafter_dtype"] is None
+    # a drafter in its own dtype (drafter.dtype=bfloat16 beside the fp32 target) is measured as it runs
+    half_drafter = Eagle3Drafter(tiny_eagle3(target).to(torch.bfloat16), target.model.get_input_embeddings(), depth=3, top_k=2)
+    prof_hd, path_hd, cached_hd = profile_for(target, half_drafter, "tiny", "eagle3-tiny", cap=12, repeats=1, budget_s=1.0)
+    assert not cached_hd and path_hd != path and prof_hd.key["drafter_dtype"] == "bfloat16" and prof_hd.draft_base_s > 0
     # a damaged cache file is measured again, not trusted
     path.write_text("{not json")
     fresh, _, cached3 = profile_for(target, drafter, "tiny", "eagle3-tiny", cap=12, repeats=1, budget_s=1.0)

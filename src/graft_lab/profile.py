@@ -5,7 +5,7 @@ Measured at first use in a few seconds: sizes N on a grid up to the cap, interle
 per repeat, at two prefix lengths (the KV cache is filled with random keys and values, so no long prefill
 runs), a few repeats, medians. Cached on disk as `<GRAFT_LAB_CACHE or ~/.cache/graft_lab>/profiles/*.json`
 ($GRAFT_LAB_PROFILES moves that folder), keyed by everything that changes the curve: model, dtype, device
-and its name (CPU model or GPU), threads, attention backend, torch version, drafter, cap. Refined online:
+and its name (CPU model or GPU), threads, attention backend, torch version, drafter (its dtype included), cap. Refined online:
 every measured verify time pulls the correction factors of the grid sizes around it towards measured /
 predicted (an exponential moving average, in memory; the cached file keeps the measurement).
 
@@ -261,9 +261,11 @@ def device_name(device: torch.device) -> str:
     return platform.processor() or platform.machine() or "unknown"
 
 
-def profile_key(target: Target, model_id: str, drafter_id: str, cap: int) -> dict[str, Any]:
-    """Everything that changes the curve; another machine, dtype or backend gets its own profile."""
+def profile_key(target: Target, model_id: str, drafter_id: str, cap: int, drafter: Drafter | None = None) -> dict[str, Any]:
+    """Everything that changes the curve; another machine, dtype or backend gets its own profile, and so does
+    a drafter running in another dtype than before (drafter.dtype)."""
     dev = target.device
+    drafter_dtype = getattr(drafter, "dtype", None)  # the drafter's own dtype, as it runs; None: no network
     return {
         "model": model_id,
         "layers": target.config.num_hidden_layers,
@@ -276,6 +278,7 @@ def profile_key(target: Target, model_id: str, drafter_id: str, cap: int) -> dic
         "attn": target.attn,
         "torch": torch.__version__,
         "drafter": drafter_id,
+        "drafter_dtype": None if drafter_dtype is None else str(drafter_dtype).removeprefix("torch."),
         "cap": cap,
         "max_context": target.max_context,
         "version": VERSION,
@@ -314,7 +317,7 @@ def profile_for(target: Target, drafter: Drafter, model_id: str, drafter_id: str
                 refresh: bool = False, **measure_kwargs) -> tuple[CostProfile, Path, bool]:
     """The profile of this target and drafter on this machine: read from the cache, or measured now and
     cached. Returns (profile, its cache file, whether it came from the cache)."""
-    key = profile_key(target, model_id, drafter_id, cap)
+    key = profile_key(target, model_id, drafter_id, cap, drafter)
     path = profile_path(key)
     if not refresh and (cached := load(path, key)) is not None:
         return cached, path, True
@@ -341,7 +344,8 @@ def describe(profile: CostProfile, path: Path, cached: bool) -> str:
         f"  {source} {path}",
     ]
     ar = profile.verify_time(1, profile.prefixes[0])
-    lines.append(f"  drafter: {profile.draft_base_s * 1e3:.2f} ms for level 0, {profile.draft_level_s * 1e3:.2f} ms per "
+    lines.append(f"  drafter ({k.get('drafter_dtype') or 'none'}): {profile.draft_base_s * 1e3:.2f} ms for level 0, "
+                 f"{profile.draft_level_s * 1e3:.2f} ms per "
                  f"further level ({100 * profile.draft_level_s / ar:.1f}% of an AR step)")
     head = "".join(f" | t@{p:<5} ms  x N=1  env ms  fill" for p in profile.prefixes)
     lines.append(f"\n  {'N':>4}{head}")
@@ -365,6 +369,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                                     "embedded model, else none)")
     ap.add_argument("--depth", type=int, default=7, help="draft levels (as tree.depth)")
     ap.add_argument("--top-k", type=int, default=8, help="children per expanded node (as tree.top_k)")
+    ap.add_argument("--drafter-dtype", default="auto", help="the drafter's own dtype (as drafter.dtype): auto (the "
+                                                           "target's), float32, bfloat16, float16")
     ap.add_argument("--cap", type=int, default=64, help="largest tree measured (as tree.total_tokens)")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     ap.add_argument("--refresh", action="store_true", help="measure again even when a cached profile exists")
@@ -380,7 +386,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     path = args.drafter or (SHIPPED_DRAFTER if args.model == EMBEDDED else "none")
-    node = {"name": "none"} if path == "none" else {"name": "eagle3", "path": path, "depth": args.depth, "top_k": args.top_k}
+    node = {"name": "none"} if path == "none" else {"name": "eagle3", "path": path, "depth": args.depth, "top_k": args.top_k,
+                                                    "dtype": args.drafter_dtype}
     try:
         model, tokenizer = load_model(args.model, dtype=args.dtype, device=args.device)
         target = Target(model, tokenizer)

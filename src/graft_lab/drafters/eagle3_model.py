@@ -58,14 +58,25 @@ class Eagle3Model(nn.Module):
         self.embed_tokens = nn.Embedding(config.vocab_size, h) if with_embeddings else None
         self.rotary_emb = LlamaRotaryEmbedding(config)
 
-    def forward(self, embeds, hidden, position_ids, attention_mask, cache=None) -> torch.Tensor:
+    def forward(self, embeds, hidden, positions, attention_mask, cache=None) -> torch.Tensor:
         """One draft step. `hidden` is either fused target features [B, T, 3H_t] (fed through fc) or the
-        drafter's own previous output [B, T, H]. Returns the pre-norm hidden state [B, T, H]."""
-        # embeds: [B, T, H]; position_ids: [B, T]; attention_mask: [B, 1, T, S] additive
+        drafter's own previous output [B, T, H]. `positions` is position ids [B, T], or their rotary
+        (cos, sin), each [B, T or 1, D], read from `rope_table`. Returns the pre-norm hidden state [B, T, H]."""
+        # embeds: [B, T, H]; attention_mask: [B, 1, T, S] additive
         if hidden.shape[-1] == self.fc.in_features:
             hidden = self.fc(hidden)
-        pos = self.rotary_emb(hidden, position_ids=position_ids)
+        pos = positions if isinstance(positions, tuple) else self.rotary_emb(hidden, position_ids=positions)
         return self.midlayer(embeds, hidden, pos, attention_mask, cache)
+
+    def rope_table(self, length: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(cos, sin), each [1, length, D], for positions 0..length-1: the values `rotary_emb` gives position
+        by position (it is elementwise), computed once. None for RoPE types whose tables change with the
+        sequence length (dynamic, longrope): those are computed per step."""
+        kind = self.rotary_emb.rope_type
+        if "dynamic" in kind or kind == "longrope":
+            return None
+        probe = self.fc.weight.new_empty(1, dtype=dtype)
+        return self.rotary_emb(probe, position_ids=torch.arange(length, device=probe.device)[None])
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         # hidden: [..., H] -> [..., draft_vocab]
