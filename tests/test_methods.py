@@ -55,9 +55,10 @@ def test_method_preset_sets_every_part(name):
         assert (cfg["drafter"]["depth"], cfg["drafter"]["top_k"]) == (run.tree.depth, run.tree.top_k)
 
 
-def test_default_run_is_graft():
+def test_default_run_is_graft_with_the_retriever_pool_and_tree_auto():
     cfg = resolved([])
-    assert cfg["method"]["name"] == "graft" and tuple(cfg[g]["name"] for g in PARTS) == EXPECTED["graft"]
+    assert cfg["method"]["name"] == "graft_pool" and tuple(cfg[g]["name"] for g in PARTS) == EXPECTED["graft_pool"]
+    assert cfg["tree"]["plan"] == "auto" and cfg["retriever"]["sources"] == ["ngram", "recycle", "sam"]
 
 
 @pytest.mark.parametrize("path", sorted((CONF / "tree").glob("k*.yaml")), ids=lambda p: p.stem)
