@@ -31,6 +31,8 @@ def main(cfg: DictConfig) -> None:
         fail(message_of(exc))
     if outcome.summary is None:
         print(f"graft-lab: skipped: a complete run with this config hash is in {outcome.out_dir} (force=true reruns it)")
+        if outcome.logged_to:
+            print(f"  its log had not been written; logged now to {outcome.logged_to}")
         return
     print_summary(outcome.summary, outcome.out_dir)
     if outcome.logged_to:

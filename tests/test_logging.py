@@ -71,3 +71,32 @@ def test_logger_none_writes_nothing(tmp_path):
     assert outcome.logged_to is None and not (tmp_path / "wandb").exists()
     rows = sample_rows(outcome.out_dir / "answers.jsonl")
     assert len(rows) == 1 and rows[0][3] == outcome.summary["new_tokens"]
+
+
+def test_a_run_interrupted_before_its_log_is_logged_once_by_the_rerun_that_skips_it(tmp_path, monkeypatch):
+    """The race the Pareto smoke script hit: SIGINT after the table row, before the W&B log. The rerun skips
+    the decode (the row is complete) but logs the run; a third run neither decodes nor logs it again."""
+    import graft_lab.loggers as loggers
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    cfg = compose_cfg([*TINY, "logger=wandb", f"results_dir={tmp_path}"])
+
+    def interrupted(self, summary, out_dir):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as m:
+        m.setattr(loggers.WandbLogger, "log_run", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            run_experiment(cfg, tmp_path / "runs" / "r0")
+    assert not (tmp_path / "wandb").exists()
+
+    second = run_experiment(cfg, tmp_path / "runs" / "r1")
+    runs = list((tmp_path / "wandb").glob("offline-run-*"))
+    assert second.summary is None and second.out_dir == tmp_path / "runs" / "r0"  # skipped: not decoded again
+    assert len(runs) == 1 and second.logged_to == str(runs[0])
+    assert logged(runs[0])[0]["config_hash"] == json.loads((second.out_dir / "summary.json").read_text())["config_hash"]
+
+    third = run_experiment(cfg, tmp_path / "runs" / "r2")
+    assert third.summary is None and third.logged_to is None
+    assert len(list((tmp_path / "wandb").glob("offline-run-*"))) == 1

@@ -13,7 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 from .config import RunConfig, validate
 from .data import content_hash, load_questions
 from .errors import GraftLabError, OutputError
-from .loggers import LOGGERS
+from .loggers import LOGGERS, Logger
 from .preflight import preflight
 from .provenance import metadata
 from .results import ResultsTable, row_of
@@ -27,7 +27,7 @@ DECODE_GROUPS = ("drafter", "pruner", "retriever", "graft", "dataset")
 class Outcome:
     out_dir: Path  # the run's directory, or the complete run's that made this one a skip
     summary: dict | None  # None: skipped
-    logged_to: str | None = None
+    logged_to: str | None = None  # where the run was logged by this call (None: not logged now)
 
 
 def choose_out_dir(run_cfg: RunConfig, table: ResultsTable, config_hash: str, default: Path) -> Path:
@@ -47,10 +47,10 @@ def run_experiment(cfg: DictConfig, default_out_dir: Path) -> Outcome:
     meta = metadata(cfg, content_hash(questions))
     table = ResultsTable(Path(run_cfg.results_dir))
     table.read()  # an unreadable table fails now, not after decoding (force=true too)
-    if not run_cfg.force and (done := table.complete_run(meta["config_hash"])):
-        return Outcome(done, None)
-    preflight(run_cfg, nodes, questions)
     logger = LOGGERS.build(cfg.logger)
+    if not run_cfg.force and (done := table.complete_run(meta["config_hash"])):
+        return Outcome(done, None, log_once(logger, RunDir(done)))
+    preflight(run_cfg, nodes, questions)
     logger.check()
     table.check_writable()
     out = RunDir(choose_out_dir(run_cfg, table, meta["config_hash"], default_out_dir))
@@ -63,9 +63,20 @@ def run_experiment(cfg: DictConfig, default_out_dir: Path) -> Outcome:
     if summary["error"]:
         raise GraftLabError(f"{summary['error']} ({summary['n_questions']} finished questions and summary.json "
                             f"with complete=false are in {out.path}; rerun to resume)")
+    return Outcome(out.path, summary, log_once(logger, out))
+
+
+def log_once(logger: Logger, out: RunDir) -> str | None:
+    """Log the complete run in `out` unless it already reached the logger's destination (a skipped sweep
+    point is logged here when the run that made it was interrupted before its log)."""
+    if logger.destination is None or logger.destination in out.logged():
+        return None
+    logger.check()
+    summary = out.recorded()
     try:
         logged_to = logger.log_run(summary, out.path)
     except Exception as exc:  # W&B raises many error types (network, auth, disk); the run itself is saved
         raise OutputError(f"logging failed ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
-                          f"the run is saved in {out.path} and in {table.parquet}") from None
-    return Outcome(out.path, summary, logged_to)
+                          f"the run is saved in {out.path}; rerun to log it") from None
+    out.record_logged(logger.destination, logged_to)
+    return logged_to

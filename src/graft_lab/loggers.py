@@ -1,5 +1,7 @@
 """Experiment loggers (`logger=none|wandb`), called once a run has finished so that a failed or skipped
-run leaves no half-logged entry. W&B is offline by default: the run directory lands under
+run leaves no half-logged entry. A run that finished but was never logged (interrupted between its table
+row and its log) is logged by the rerun that skips it; `logged.json` in the run directory records each
+destination it reached, so no run is logged twice to one place. W&B is offline by default: the run directory lands under
 `<results_dir>/wandb/` and `wandb sync` uploads it later; `logger.mode=online` streams instead."""
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from .results import flatten
 
 
 class Logger(Protocol):
+    destination: str | None  # where runs go (None: nowhere); a run logged there is not logged there again
+
     def check(self) -> None:
         """Raise ConfigError now, before decoding, when logging is bound to fail (no package, no credentials)."""
 
@@ -30,6 +34,8 @@ LOGGERS: Registry[Logger] = Registry("logger")
 
 
 class NoLogger:
+    destination = None
+
     def check(self) -> None:
         return None
 
@@ -99,6 +105,8 @@ def wandb_credentials() -> bool:
 class WandbLogger:
     def __init__(self, opts: WandbOptions):
         self.opts = opts
+        where = Path(opts.dir).resolve() if opts.mode == "offline" else f"{opts.entity or ''}/{opts.project}"
+        self.destination = None if opts.mode == "disabled" else f"wandb:{opts.mode}:{where}"
 
     def check(self) -> None:
         if importlib.util.find_spec("wandb") is None:

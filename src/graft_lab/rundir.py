@@ -29,7 +29,7 @@ def check_writable_dir(path: Path, label: str) -> None:
     except OSError as exc:
         raise OutputError(f"{label} {path} is not writable: {exc.strerror or exc}") from None
 
-ANSWERS, SUMMARY, LOCK = "answers.jsonl", "summary.json", ".run.lock"
+ANSWERS, SUMMARY, LOGGED, LOCK = "answers.jsonl", "summary.json", "logged.json", ".run.lock"
 
 
 @dataclass(frozen=True)
@@ -128,6 +128,17 @@ class RunDir:
 
     def write_summary(self, summary: dict) -> None:
         atomic_write_json(self.summary, summary)
+
+    def logged(self) -> dict[str, str | None]:
+        """Where this run was logged: {logger destination: where it went}; {} when never (or unreadable)."""
+        try:
+            return json.loads((self.path / LOGGED).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return {}
+
+    def record_logged(self, destination: str, logged_to: str | None) -> None:
+        """Note that the run reached `destination`, so that a rerun that skips it does not log it again."""
+        atomic_write_json(self.path / LOGGED, {**self.logged(), destination: logged_to})
 
 
 def write_all(fd: int, data: bytes) -> None:
