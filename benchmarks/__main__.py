@@ -2,8 +2,10 @@
 
 Rows: transformers `generate` (HF AR, the reference), transformers prompt-lookup decoding, our AR engine,
 EAGLE-3 dense with the shipped drafter (when it exists), and the retrieval / pruning / Graft methods of
-benchmarks/methods.py. All rows run one model object, so transformers' rows and ours share its dtype
-(--dtype) and device. Per prompt every method runs back to back, so load drift hits all alike. Our AR must
+benchmarks/methods.py. All rows share the weights' dtype (--dtype) and device. Transformers' rows run the
+model as transformers loads it (torch's linear kernels); ours run it with --linear (default auto: the
+weights packed for oneDNN on CPUs that support the dtype, models/linear.py), loaded a second time when that
+packs them, so the output check compares the two kernels too. Per prompt every method runs back to back, so load drift hits all alike. Our AR must
 be at least as fast as HF AR and give its output token for token. In fp32 (the exact mode) every other
 row must too; in bf16/fp16 a batched forward may flip a near-tie, so each of our tree methods is audited
 against our AR instead (graft_lab.audit) and must have no unexplained divergence; HF prompt lookup's
@@ -32,6 +34,7 @@ from graft_lab.audit import Auditor
 from graft_lab.data import DATASETS
 from graft_lab.decode import Generation, Method, StopRule
 from graft_lab.drafters.eagle3_checkpoint import ASSETS, BUILTIN
+from graft_lab.models.linear import resolve_linear
 from graft_lab.models.target import EMBEDDED, Target, load_model
 from graft_lab.report import audit_line
 from graft_lab.runner import ar_method, chat_prompt, eos_ids, timed
@@ -82,10 +85,10 @@ def preset_methods(target: Target, drafter: str | None, budget: int) -> list[tup
     return [(f"{m} K={budget}", methods.build(m, target, drafter, budget, ())) for m in names]
 
 
-def build_rows(target: Target, args, stop: StopRule) -> list[Row]:
+def build_rows(hf: Target, target: Target, args, stop: StopRule) -> list[Row]:
     eos = stop.eos_ids
-    rows = [Row("HF generate (AR)", hf_decoder(target, args.max_new_tokens, eos)),
-            Row("HF prompt lookup", hf_decoder(target, args.max_new_tokens, eos, prompt_lookup_num_tokens=10)),
+    rows = [Row("HF generate (AR)", hf_decoder(hf, args.max_new_tokens, eos)),
+            Row("HF prompt lookup", hf_decoder(hf, args.max_new_tokens, eos, prompt_lookup_num_tokens=10)),
             Row("graft-lab AR", engine_decoder(target, ar_method(), stop))]
     rows += [engine_row(name, target, m, stop) for name, m in preset_methods(target, args.drafter, args.budget)]
     return rows
@@ -99,7 +102,8 @@ def prompts(target: Target, n: int) -> list[torch.Tensor]:
 def report(rows: list[Row], n_prompts: int, args) -> str:
     ref = rows[0]
     lines = [f"{n_prompts} MT-Bench prompts, {args.max_new_tokens} new tokens, greedy, model {args.model} "
-             f"({args.dtype}, {args.device}, every row), drafter {args.drafter or '-'}", "",
+             f"({args.dtype}, {args.device}, every row; linear kernel: HF rows torch, ours {args.linear_used}), "
+             f"drafter {args.drafter or '-'}", "",
              f"| {'method':<32} | tokens | wall s | tok/s  | vs HF AR | identical to HF AR |",
              f"|{'-' * 34}|--------|--------|--------|----------|--------------------|"]
     for r in rows:
@@ -132,6 +136,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--drafter", default=BUILTIN + SHIPPED if (ASSETS / SHIPPED / "config.json").is_file() else None,
                     help="EAGLE-3 checkpoint (default: the shipped one, if present)")
     ap.add_argument("--dtype", default="float32", help="the target's dtype, for every row (float32 is the exact mode)")
+    ap.add_argument("--linear", default="auto", help="our rows' linear kernel: auto, onednn, torch (as model.linear)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     ap.add_argument("--out", help="also write the table as JSON here")
@@ -145,11 +150,17 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    target = Target(*load_model(args.model, dtype=args.dtype, device=args.device))
+    hf = Target(*load_model(args.model, dtype=args.dtype, device=args.device))  # as transformers runs it
+    target = hf  # one model object for every row, unless ours packs its linear layers
+    if resolve_linear(args.linear, hf.dtype, hf.device) == "onednn":
+        target = Target(*load_model(args.model, dtype=args.dtype, device=args.device))
+        target.use_linear("onednn")
     exact = target.dtype == torch.float32
-    target.use_attention("sdpa" if target.device.type == "cpu" else "triton")
+    for t in (hf, target):
+        t.use_attention("sdpa" if t.device.type == "cpu" else "triton")
     stop = StopRule(args.max_new_tokens, eos_ids(target))
-    rows = build_rows(target, args, stop)
+    args.linear_used = target.linear
+    rows = build_rows(hf, target, args, stop)
     batch = prompts(target, args.prompts)
     for r in rows:  # warm-up: first-call allocations and lazy inits stay out of the timings
         r.decode(batch[0][:16])

@@ -62,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--drafter-dtype", default="auto", help="as drafter.dtype: auto, float32, bfloat16, float16")
     ap.add_argument("--depth", type=int, default=7)
     ap.add_argument("--top-k", type=int, default=8)
+    ap.add_argument("--linear", default="auto", help="the linear kernel (as model.linear): auto, onednn, torch")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--rows", type=int, default=25)
@@ -69,11 +70,12 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     model, tokenizer = load_model(args.model, dtype=args.dtype)
     target = Target(model, tokenizer)
+    target.use_linear(args.linear)  # the drafter follows the target's choice
     target.use_attention("sdpa")
     node = {"name": "eagle3", "path": args.drafter, "depth": args.depth, "top_k": args.top_k, "dtype": args.drafter_dtype}
     drafter = DRAFTERS.build(node, target=target)
     print(f"{args.model} ({args.dtype}), drafter {args.drafter} ({str(drafter.dtype).removeprefix('torch.')}), "
-          f"top-k {args.top_k}, {args.threads} thread(s)")
+          f"top-k {args.top_k}, linear {target.linear}, {args.threads} thread(s)")
     print(level_table(drafter, target, args.depth, repeats=args.repeats, rows=args.rows))
     return 0
 

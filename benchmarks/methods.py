@@ -147,6 +147,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--linear", default="auto", help="the linear layers' kernel (as model.linear): auto, onednn, torch")
     ap.add_argument("--attn", default="auto", help="auto (triton on CUDA, else sdpa), triton, sdpa or eager")
     ap.add_argument("--raw", default=None, help="per-prompt stats, one JSON line per prompt and method; a rerun skips finished prompts")
     ap.add_argument("--report", default=None, help="print the tables from this --raw file and exit")
@@ -165,6 +166,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         return rows
     model, tokenizer = load_model(EMBEDDED, dtype=args.dtype, device=args.device)
     target = Target(model, tokenizer)
+    target.use_linear(args.linear)
     target.use_attention(args.attn if args.attn != "auto" else ("triton" if target.device.type == "cuda" else "sdpa"))
     table = [m for m in args.methods if args.drafter or not needs_drafter(m)]
     if not args.drafter:

@@ -19,6 +19,7 @@ from .drafters import DRAFTERS
 from .errors import ConfigError
 from .graft import GRAFTS
 from .loggers import LOGGERS
+from .models.linear import LINEARS
 from .models.target import DTYPES
 from .pruners import PRUNERS
 from .retrievers import RETRIEVERS
@@ -36,10 +37,13 @@ class ModelConfig:
     device_map: str | None = None  # "auto" spreads a large target over several GPUs
     eagle3_drafter: str | None = None  # the EAGLE-3 checkpoint trained for this target
     max_context: int | None = None  # cap on prompt + generation; default: the model's own limit
+    linear: str = "auto"  # the linear layers' CPU kernel: auto | onednn | torch (models/linear.py)
 
     def __post_init__(self):
         if self.dtype not in DTYPES:
             raise ConfigError(f"model.dtype must be one of {', '.join(DTYPES)}; got '{self.dtype}'")
+        if self.linear not in LINEARS:
+            raise ConfigError(f"model.linear must be one of {', '.join(LINEARS)}; got '{self.linear}'")
         if self.max_context is not None and self.max_context < 2:
             raise ConfigError(f"model.max_context must be >= 2 or null, got {self.max_context}")
 

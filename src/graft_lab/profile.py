@@ -1,11 +1,11 @@
 """The machine's cost profile: what verifying N tree nodes, and drafting one level, cost for the loaded
-target on this device, dtype, thread count and attention backend.
+target on this device, dtype, thread count, attention backend and linear kernel (model.linear).
 
 Measured at first use in a few seconds: sizes N on a grid up to the cap, interleaved in a shuffled order
 per repeat, at two prefix lengths (the KV cache is filled with random keys and values, so no long prefill
 runs), a few repeats, medians. Cached on disk as `<GRAFT_LAB_CACHE or ~/.cache/graft_lab>/profiles/*.json`
 ($GRAFT_LAB_PROFILES moves that folder), keyed by everything that changes the curve: model, dtype, device
-and its name (CPU model or GPU), threads, attention backend, torch version, drafter (its dtype included), cap. Refined online:
+and its name (CPU model or GPU), threads, attention backend, linear kernel, torch version, drafter (its dtype included), cap. Refined online:
 every measured verify time pulls the correction factors of the grid sizes around it towards measured /
 predicted (an exponential moving average, in memory; the cached file keeps the measurement).
 
@@ -276,6 +276,7 @@ def profile_key(target: Target, model_id: str, drafter_id: str, cap: int, drafte
         "device_name": device_name(dev),
         "threads": torch.get_num_threads(),
         "attn": target.attn,
+        "linear": target.linear,
         "torch": torch.__version__,
         "drafter": drafter_id,
         "drafter_dtype": None if drafter_dtype is None else str(drafter_dtype).removeprefix("torch."),
@@ -372,6 +373,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--drafter-dtype", default="auto", help="the drafter's own dtype (as drafter.dtype): auto (the "
                                                            "target's), float32, bfloat16, float16")
     ap.add_argument("--cap", type=int, default=64, help="largest tree measured (as tree.total_tokens)")
+    ap.add_argument("--linear", default="auto", help="the linear layers' kernel (as model.linear): auto, onednn, torch")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     ap.add_argument("--refresh", action="store_true", help="measure again even when a cached profile exists")
     ap.add_argument("--json", action="store_true", help="print the profile as JSON")
@@ -391,6 +393,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         model, tokenizer = load_model(args.model, dtype=args.dtype, device=args.device)
         target = Target(model, tokenizer)
+        target.use_linear(args.linear)
         target.use_attention(("triton" if target.device.type == "cuda" else "sdpa") if args.attn == "auto" else args.attn)
         drafter = DRAFTERS.build(node, target=target)
         prof, file, cached = profile_for(target, drafter, args.model, drafter_id(node), args.cap, refresh=args.refresh)

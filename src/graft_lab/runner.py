@@ -41,6 +41,7 @@ def build_target(run: RunConfig) -> Target:
     m = run.model
     model, tokenizer = load_model(m.path, dtype=m.dtype, device=m.device, device_map=m.device_map)
     target = Target(model, tokenizer, max_context=m.max_context)
+    target.use_linear(m.linear)
     attn = run.verify.attn
     if attn == "auto":
         attn = "triton" if target.device.type == "cuda" else "sdpa"

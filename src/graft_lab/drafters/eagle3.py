@@ -18,6 +18,7 @@ import torch
 
 from ..errors import ConfigError, DrafterMismatchError
 from ..models.cache import TreeKVCache
+from ..models.linear import onednn_supports, pack_linears
 from ..models.target import DTYPES, Target
 from ..pruners.base import Pruner
 from ..tree import DraftTree, Source
@@ -183,4 +184,6 @@ def build_eagle3(opts: Eagle3Options, target: Target) -> Eagle3Drafter:
     if aux:
         target.aux_layers = tuple(aux)
     embed = net.embed_tokens if net.embed_tokens is not None else target.model.get_input_embeddings()
+    if target.linear == "onednn" and onednn_supports(net.fc.weight.dtype, target.device):
+        pack_linears(net)  # the target's kernel choice, where oneDNN packs the drafter's own dtype
     return Eagle3Drafter(net, embed, opts.depth, opts.top_k)

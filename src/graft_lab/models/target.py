@@ -140,6 +140,7 @@ class Target:
         if any(not 0 <= i <= layers for i in self.aux_layers):
             raise ModelLoadError(f"aux layers {self.aux_layers} out of range 0..{layers}")
         self.attn = "sdpa"
+        self.linear = "torch"
 
     @property
     def device(self) -> torch.device:
@@ -171,6 +172,21 @@ class Target:
         else:
             raise ValueError(f"unknown verify.attn '{attn}'; valid: triton, sdpa, eager")
         self.attn = attn
+
+    def use_linear(self, linear: str) -> None:
+        """Pick the linear layers' kernel: 'onednn' (weights packed once), 'torch', or 'auto' (onednn where this
+        CPU supports the dtype); see models/linear.py."""
+        from .linear import pack_linears, resolve_linear
+
+        try:
+            chosen = resolve_linear(linear, self.dtype, self.device)
+        except ValueError as exc:
+            raise ModelLoadError(str(exc)) from None
+        if chosen == "onednn" and self.linear != "onednn":
+            pack_linears(self.model)
+        elif chosen == "torch" and self.linear == "onednn":
+            raise ModelLoadError("the target's linear layers are packed already; load it again for linear=torch")
+        self.linear = chosen
 
     @torch.inference_mode()
     def forward(
