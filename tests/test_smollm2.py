@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from graft_lab.data import DATASETS
 from graft_lab.decode import Method, StopRule, generate
@@ -16,6 +17,7 @@ from graft_lab.drafters.eagle3 import Eagle3Drafter
 from graft_lab.drafters.none import NoDrafter
 from graft_lab.graft import graft_root
 from graft_lab.models.embedded import embedded_dir
+from graft_lab.models.linear import onednn_supports, pack_linears
 from graft_lab.models.target import EMBEDDED, Target, load_model
 from graft_lab.pruners import NoPruner
 from graft_lab.retrievers import NoRetriever
@@ -59,6 +61,23 @@ def test_smollm2_greedy_is_lossless(smollm2, prompts, kind):
         ref = hf_greedy(smollm2.model, prompt, 48, eos=eos[0])
         out = generate(smollm2, method, prompt, SamplingParams(), StopRule(48, eos))
         assert out.tokens == ref
+
+
+@pytest.mark.skipif(not onednn_supports(torch.float32, torch.device("cpu")), reason="oneDNN cannot pack fp32 here")
+def test_packed_linears_are_lossless_against_unpacked_generate(smollm2, prompts):
+    """model.linear=onednn (the default on x86 CPUs): the packed target and drafter against transformers'
+    generate on the unpacked model, with a dense tree (many rows per verify) and AR."""
+    packed = Target(*load_model(EMBEDDED))
+    packed.use_linear("onednn")
+    net = tiny_eagle3(packed, draft_vocab=2048, seed=0)
+    pack_linears(net)
+    eos = (packed.tokenizer.eos_token_id,)
+    dense = Method(Eagle3Drafter(net, packed.model.get_input_embeddings(), 7, 10), NoPruner(), NoRetriever(), graft_root, 60)
+    ar = Method(NoDrafter(), NoPruner(), NoRetriever(), graft_root, 1)
+    for prompt in prompts:
+        ref = hf_greedy(smollm2.model, prompt, 48, eos=eos[0])
+        for method in (ar, dense):
+            assert generate(packed, method, prompt, SamplingParams(), StopRule(48, eos)).tokens == ref
 
 
 def test_run_py_contract(tmp_path, smollm2):
