@@ -17,7 +17,7 @@ from graft_lab.drafters.eagle3 import Eagle3Drafter
 from graft_lab.errors import ConfigError, ModelLoadError
 from graft_lab.graft import graft_root
 from graft_lab.models import linear as linear_mod
-from graft_lab.models.linear import PackedLinear, linear_backend, onednn_supports, pack_linears, resolve_linear
+from graft_lab.models.linear import PackedLinear, onednn_supports, pack_linears, resolve_linear
 from graft_lab.models.target import Target
 from graft_lab.pruners import NoPruner
 from graft_lab.retrievers import NoRetriever
@@ -58,7 +58,7 @@ def test_pack_linears_keeps_weights_ties_and_counts():
     model.lm_head.weight = model.model.embed_tokens.weight
     n_linear = sum(type(m) is nn.Linear for m in model.modules())
     params = sum(p.numel() for p in model.parameters())
-    assert pack_linears(model) == n_linear and linear_backend(model) == "onednn"
+    assert pack_linears(model) == n_linear and any(isinstance(m, PackedLinear) for m in model.modules())
     assert not any(type(m) is nn.Linear for m in model.modules())
     assert model.lm_head.weight is model.model.embed_tokens.weight  # the tie holds
     assert sum(p.numel() for p in model.parameters()) == params

@@ -63,16 +63,17 @@ def run_experiment(cfg: DictConfig, default_out_dir: Path) -> Outcome:
     if summary["error"]:
         raise GraftLabError(f"{summary['error']} ({summary['n_questions']} finished questions and summary.json "
                             f"with complete=false are in {out.path}; rerun to resume)")
-    return Outcome(out.path, summary, log_once(logger, out))
+    return Outcome(out.path, summary, log_once(logger, out, summary))
 
 
-def log_once(logger: Logger, out: RunDir) -> str | None:
-    """Log the complete run in `out` unless it already reached the logger's destination (a skipped sweep
-    point is logged here when the run that made it was interrupted before its log)."""
+def log_once(logger: Logger, out: RunDir, summary: dict | None = None) -> str | None:
+    """Log the complete run in `out` (its summary: given, or read from disk) unless it already reached the
+    logger's destination (a skipped sweep point is logged here when its run was interrupted before its log)."""
     if logger.destination is None or logger.destination in out.logged():
         return None
-    logger.check()
-    summary = out.recorded()
+    if summary is None:  # a skipped run: nothing checked the logger yet
+        logger.check()
+        summary = out.recorded()
     try:
         logged_to = logger.log_run(summary, out.path)
     except Exception as exc:  # W&B raises many error types (network, auth, disk); the run itself is saved

@@ -51,13 +51,13 @@ class PackedLinear(nn.Module):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight, self.bias = linear.weight, linear.bias
+        self._bias = None if linear.bias is None else linear.bias.detach()  # detached once, not per call
         self.register_buffer("packed", torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), None),
                              persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [..., in] -> [..., out]
-        bias = None if self.bias is None else self.bias.detach()
-        y = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, self.in_features).contiguous(), self.packed, bias,
+        y = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, self.in_features).contiguous(), self.packed, self._bias,
                                                "none", [], "")
         return y.view(*x.shape[:-1], self.out_features)
 
@@ -70,8 +70,3 @@ def pack_linears(module: nn.Module) -> int:
     for parent, name, child in swaps:
         setattr(parent, name, PackedLinear(child))
     return len(swaps)
-
-
-def linear_backend(module: nn.Module) -> str:
-    """'onednn' when `module`'s linear layers are packed, else 'torch'."""
-    return "onednn" if any(isinstance(m, PackedLinear) for m in module.modules()) else "torch"
