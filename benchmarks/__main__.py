@@ -1,11 +1,11 @@
 """`make bench`: this project's decoding against transformers' own, on the same prompts in one run, greedy.
 
 Rows: transformers `generate` (HF AR, the reference), transformers prompt-lookup decoding, our AR engine,
-EAGLE-3 dense with the shipped drafter (when it exists), and the retrieval / pruning / Graft methods of
+the default run (`make run`'s method on tree=auto: the cost model picks each step's tree), EAGLE-3 dense with the shipped drafter (when it exists), and the retrieval / pruning / Graft methods of
 benchmarks/methods.py. All rows share the weights' dtype (--dtype) and device. Transformers' rows run the
 model as transformers loads it (torch's linear kernels); ours run it with --linear (default auto: the
-weights packed for oneDNN on CPUs that support the dtype, models/linear.py), loaded a second time when that
-packs them, so the output check compares the two kernels too. Per prompt every method runs back to back, so load drift hits all alike. Our AR must
+weights packed for oneDNN where this CPU supports the dtype and the packed kernel times faster,
+models/linear.py), loaded a second time when that packs them, so the output check compares the two kernels too. Per prompt every method runs back to back, so load drift hits all alike. Our AR must
 be at least as fast as HF AR and give its output token for token. In fp32 (the exact mode) every other
 row must too; in bf16/fp16 a batched forward may flip a near-tie, so each of our tree methods is audited
 against our AR instead (graft_lab.audit) and must have no unexplained divergence; HF prompt lookup's
@@ -85,11 +85,25 @@ def preset_methods(target: Target, drafter: str | None, budget: int) -> list[tup
     return [(f"{m} K={budget}", methods.build(m, target, drafter, budget, ())) for m in names]
 
 
+def default_method(target: Target, drafter: str | None) -> tuple[str, Method] | None:
+    """What `make run` decodes with (conf/config.yaml's method, on tree=auto), or None when it needs a drafter
+    and there is none."""
+    from benchmarks import methods
+    from graft_lab.presets import compose_run
+
+    name = str(compose_run([]).method.name)
+    if methods.needs_drafter(name) and not drafter:
+        return None
+    return f"default: {name} tree=auto", methods.build(name, target, drafter, "auto", ())
+
+
 def build_rows(hf: Target, target: Target, args, stop: StopRule) -> list[Row]:
     eos = stop.eos_ids
     rows = [Row("HF generate (AR)", hf_decoder(hf, args.max_new_tokens, eos)),
             Row("HF prompt lookup", hf_decoder(hf, args.max_new_tokens, eos, prompt_lookup_num_tokens=10)),
             Row("graft-lab AR", engine_decoder(target, ar_method(), stop))]
+    if (default := default_method(target, args.drafter)) is not None:
+        rows.append(engine_row(*default, target, stop))
     rows += [engine_row(name, target, m, stop) for name, m in preset_methods(target, args.drafter, args.budget)]
     return rows
 
@@ -104,13 +118,15 @@ def report(rows: list[Row], n_prompts: int, args) -> str:
     lines = [f"{n_prompts} MT-Bench prompts, {args.max_new_tokens} new tokens, greedy, model {args.model} "
              f"({args.dtype}, {args.device}, every row; linear kernel: HF rows torch, ours {args.linear_used}), "
              f"drafter {args.drafter or '-'}", "",
-             f"| {'method':<32} | tokens | wall s | tok/s  | vs HF AR | identical to HF AR |",
-             f"|{'-' * 34}|--------|--------|--------|----------|--------------------|"]
+             f"| {'method':<36} | tokens | wall s | tok/s  | vs HF AR | vs our AR | identical to HF AR |",
+             f"|{'-' * 38}|--------|--------|--------|----------|-----------|--------------------|"]
+    ours = rows[2]
     for r in rows:
         tps = r.tokens / r.wall if r.wall else 0.0
         ratio = ref.wall / r.wall if r.wall else 0.0
+        vs_ours = ours.wall / r.wall if r.wall else 0.0
         same = "yes" if r.identical == n_prompts else f"NO {r.identical}/{n_prompts} (prompt {r.first_mismatch})"
-        lines.append(f"| {r.name:<32} | {r.tokens:>6} | {r.wall:>6.2f} | {tps:>6.1f} | {ratio:>7.2f}x | {same:<18} |")
+        lines.append(f"| {r.name:<36} | {r.tokens:>6} | {r.wall:>6.2f} | {tps:>6.1f} | {ratio:>7.2f}x | {vs_ours:>8.2f}x | {same:<18} |")
     audited = [r for r in rows if r.audit]
     if audited:
         lines += ["", f"divergence audit against our AR ({args.dtype}; graft_lab.audit):"]
@@ -152,9 +168,10 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     hf = Target(*load_model(args.model, dtype=args.dtype, device=args.device))  # as transformers runs it
     target = hf  # one model object for every row, unless ours packs its linear layers
-    if resolve_linear(args.linear, hf.dtype, hf.device) == "onednn":
-        target = Target(*load_model(args.model, dtype=args.dtype, device=args.device))
-        target.use_linear("onednn")
+    if resolve_linear(args.linear, hf.dtype, hf.device) == "onednn":  # a candidate: auto times it against torch's
+        packed = Target(*load_model(args.model, dtype=args.dtype, device=args.device))
+        packed.use_linear(args.linear)
+        target = packed if packed.linear == "onednn" else hf
     exact = target.dtype == torch.float32
     for t in (hf, target):
         t.use_attention("sdpa" if t.device.type == "cpu" else "triton")

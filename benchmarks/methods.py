@@ -47,10 +47,26 @@ def needs_drafter(name: str) -> bool:
     return preset(name)[0].method.parts.get("drafter", "none") != "none"
 
 
-def build(name: str, target: Target, drafter_path: str | None, budget: int, overrides: tuple[str, ...]) -> Method:
-    """The method exactly as `python run.py method=NAME` builds it, at budget K (shape: tree_shape(K))."""
+def budget(value: str) -> int | str:
+    """A --ks entry: a fixed budget K, or `auto` (tree=auto: the cost model picks each step's tree)."""
+    if value == "auto":
+        return value
+    try:
+        k = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a budget is a positive integer K or 'auto', got '{value}'") from None
+    if k < 1:
+        raise argparse.ArgumentTypeError(f"a budget K must be >= 1, got {k}")
+    return k
+
+
+def build(name: str, target: Target, drafter_path: str | None, k: int | str, overrides: tuple[str, ...]) -> Method:
+    """The method exactly as `python run.py method=NAME` builds it: at a fixed budget K (shape: tree_shape(K),
+    tree.plan=fixed, whatever the preset's tree), or with K='auto' on tree=auto (the cost model, its cap)."""
     extra = (*overrides, f"drafter.path={drafter_path}") if drafter_path and needs_drafter(name) else overrides
-    return build_preset(target, name, budget, extra)
+    if k == "auto":
+        return build_preset(target, name, None, ("tree=auto", *extra))
+    return build_preset(target, name, k, ("tree.plan=fixed", *extra))
 
 
 def interleave(questions: list[tuple[str, Question]]) -> list[tuple[str, Question]]:
@@ -139,11 +155,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--drafter", default=SHIPPED if (ASSETS / SHIPPED.removeprefix("builtin:")).is_dir() else None,
                     help="EAGLE-3 checkpoint (default: the shipped one, if present); without one the EAGLE-3 rows are skipped")
     ap.add_argument("--override", nargs="*", default=[], help="run.py overrides for every method, e.g. retriever=ngram pruner.thresholds=[0.5,0.3,0.1]")
-    ap.add_argument("--ks", type=int, nargs="+", default=[60, 32, 16], help="budgets K")
+    ap.add_argument("--ks", type=budget, nargs="+", default=[60, 32, 16],
+                    help="budgets K (fixed trees), or auto (tree=auto: the cost model picks each step's tree)")
     ap.add_argument("--methods", nargs="+", default=METHODS, help=f"method presets (conf/method/), default: {' '.join(METHODS)}")
     ap.add_argument("--mt-bench", type=int, default=80, help="MT-Bench first turns")
     ap.add_argument("--spec-bench", default=None, help="Spec-Bench question.jsonl: adds its 5 categories")
     ap.add_argument("--per-category", type=int, default=10, help="Spec-Bench questions per category")
+    ap.add_argument("--limit", type=int, default=None, help="only the first N prompts (categories round-robin)")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--dtype", default="float32")
@@ -175,7 +193,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     methods = {(m, k): build(m, target, args.drafter, k, overrides) for k in args.ks for m in table}
     ar = ar_method()
     params, stop = SamplingParams(), StopRule(args.max_new_tokens, eos_ids(target))
-    batch = prompts(target, args)
+    batch = prompts(target, args)[: args.limit]
     raw = Path(args.raw) if args.raw else None
     records = read_records(raw) if raw else []
     finished = {r["prompt"] for r in records if r["method"] == "AR"}

@@ -17,7 +17,7 @@ from graft_lab.drafters.eagle3 import Eagle3Drafter
 from graft_lab.errors import ConfigError, ModelLoadError
 from graft_lab.graft import graft_root
 from graft_lab.models import linear as linear_mod
-from graft_lab.models.linear import PackedLinear, onednn_supports, pack_linears, resolve_linear
+from graft_lab.models.linear import LinearTiming, PackedLinear, onednn_supports, pack_linears, resolve_linear, time_linears
 from graft_lab.models.target import Target
 from graft_lab.pruners import NoPruner
 from graft_lab.retrievers import NoRetriever
@@ -79,10 +79,36 @@ def test_resolve_linear_choices(monkeypatch):
 
 def test_target_use_linear():
     target = Target(tiny_model("qwen2", seed=0), tokenizer=None, aux_layers=(1, 2, 3))
-    target.use_linear("auto")
-    assert target.linear == "onednn" and isinstance(target.model.lm_head, PackedLinear)
+    target.use_linear("onednn")
+    assert target.linear == "onednn" and isinstance(target.model.lm_head, PackedLinear) and target.linear_timing is None
     with pytest.raises(ModelLoadError, match="load it again for linear=torch"):
         target.use_linear("torch")
+
+
+def test_time_linears_times_both_kernels_over_every_linear_layer():
+    model = tiny_model("llama", seed=0)
+    timing, packed = time_linears(model, rows=(1, 4), repeats=1)
+    linears = [m for m in model.modules() if type(m) is nn.Linear]
+    assert set(packed) == set(linears) and timing.rows == (1, 4)
+    assert all(t > 0 for t in (*timing.torch_s, *timing.onednn_s)) and timing.faster in ("torch", "onednn")
+    assert pack_linears(model, packed) == len(linears)
+    assert all(m.packed is packed[linears[i]] for i, m in enumerate(m for m in model.modules() if isinstance(m, PackedLinear)))
+
+
+@pytest.mark.parametrize("faster", ["onednn", "torch"])
+def test_auto_keeps_the_kernel_that_times_faster_on_this_machine(monkeypatch, faster):
+    slow, fast = (0.002, 0.003), (0.001, 0.0015)
+    timing = LinearTiming((1, 8), *((slow, fast) if faster == "onednn" else (fast, slow)))
+    assert timing.faster == faster and f"{faster} (every linear layer, timed now: 1 row" in timing.describe()
+    monkeypatch.setattr(linear_mod, "time_linears", lambda model: (timing, {}))
+    target = Target(tiny_model("qwen2", seed=0), tokenizer=None, aux_layers=(1, 2, 3))
+    target.use_linear("auto")
+    assert target.linear == faster and target.linear_timing is timing
+    assert isinstance(target.model.lm_head, PackedLinear) == (faster == "onednn")
+    monkeypatch.setattr(linear_mod, "onednn_supports", lambda dtype, device: False)  # bf16 on AVX2, say
+    other = Target(tiny_model("qwen2", seed=0), tokenizer=None, aux_layers=(1, 2, 3))
+    other.use_linear("auto")
+    assert other.linear == "torch" and other.linear_timing is None  # nothing to time
 
 
 def test_model_linear_config_is_validated_and_defaults_to_auto():

@@ -11,7 +11,8 @@ import torch
 
 from graft_lab.drafters.eagle3 import Eagle3Drafter
 from graft_lab.drafters.none import NoDrafter
-from graft_lab.profile import CostProfile, grid, main, measure, probe_tree, profile_for
+from graft_lab import profile as profile_mod
+from graft_lab.profile import CostProfile, agrees, check, grid, main, measure, probe_tree, profile_for
 from tiny import tiny_eagle3, tiny_target
 
 
@@ -50,21 +51,28 @@ def test_prefix_interpolation_and_extrapolation_never_falls():
     assert falling.verify_time(1, 5000) == pytest.approx(1.0)  # but never extrapolated downwards
 
 
-def test_online_refinement_moves_the_nearest_size_towards_the_measurement():
+def test_online_refinement_moves_the_level_then_the_shape():
     prof = synthetic({1: 10.0, 8: 20.0, 16: 40.0})
-    for _ in range(60):
-        prof.observe(8, 100, 30.0)  # this machine is slower at 8 nodes than measured
+    for _ in range(80):
+        prof.observe(8, 100, 30.0)  # the machine runs 1.5x slower than profiled (seen at 8 nodes only)
     assert prof.verify_time(8, 100) == pytest.approx(30.0, rel=0.01)
-    assert prof.verify_time(1, 100) == 10.0 and prof.verify_time(16, 100) == 40.0  # other sizes untouched
+    assert prof.level == pytest.approx(1.5, rel=0.02)  # read as the whole machine: every size follows
+    assert prof.verify_time(1, 100) == pytest.approx(15.0, rel=0.02) and prof.verify_time(16, 100) == pytest.approx(60.0, rel=0.02)
+    assert prof.draft_level_now == pytest.approx(1.5 * prof.draft_level_s, rel=0.02)
+    for _ in range(300):  # then 1 node runs at its profiled 1.5x and 16 nodes at 3x: the shape learns it
+        prof.observe(1, 100, 15.0)
+        prof.observe(16, 100, 120.0)
+    assert prof.verify_time(1, 100) == pytest.approx(15.0, rel=0.05) and prof.verify_time(16, 100) == pytest.approx(120.0, rel=0.05)
     prof.observe(1, 100, 1e6)  # one stall moves the curve a bounded step
-    assert prof.verify_time(1, 100) < 10.0 * 1.5
+    assert prof.verify_time(1, 100) < 15.0 * 1.5
 
 
 def test_json_round_trip_leaves_out_the_online_correction():
     prof = synthetic({1: 1.0, 2: 2.0})
     prof.observe(2, 100, 3.0)
+    prof.note = "measured"
     back = CostProfile.from_json(json.loads(json.dumps(prof.to_json())))
-    assert back.verify_s == prof.verify_s and back.scale == [1.0, 1.0]
+    assert back.verify_s == prof.verify_s and back.shape == [1.0, 1.0] and back.level == 1.0 and back.note == ""
 
 
 def test_probe_tree_has_the_size_and_a_valid_shape():
@@ -90,9 +98,9 @@ def test_a_real_profile_is_measured_once_then_read_from_the_cache(cache_dir):
     assert np.asarray(prof.verify_s).shape == (2, len(prof.sizes)) and min(min(r) for r in prof.verify_s) > 0
     assert prof.draft_base_s > 0 and prof.draft_level_s >= 0 and prof.repeats >= 1
     assert prof.key["dtype"] == "float32" and prof.key["threads"] == torch.get_num_threads()
-    assert prof.key["attn"] == "sdpa" and prof.key["device_name"]
-    again, path2, cached2 = profile_for(target, drafter, "tiny", "eagle3-tiny", cap=12)
-    assert cached2 and path2 == path and again.verify_s == prof.verify_s
+    assert prof.key["attn"] == "sdpa" and prof.key["device_name"] and len(prof.key["fingerprint"]) == 12
+    again, path2, cached2 = profile_for(target, drafter, "tiny", "eagle3-tiny", cap=12, verify_cache=False)
+    assert cached2 and path2 == path and again.verify_s == prof.verify_s and again.note == "read from the cache"
     # another dtype, cap or drafter is another profile
     half = tiny_target("llama")
     half.model.to(torch.bfloat16)
@@ -110,6 +118,32 @@ def test_a_real_profile_is_measured_once_then_read_from_the_cache(cache_dir):
     assert not cached3 and fresh.sizes == grid(12)
 
 
+def test_a_cached_profile_is_checked_against_the_machine_now_and_measured_again_when_it_is_off(cache_dir, monkeypatch):
+    target = tiny_target("llama")
+    prof, path, _ = profile_for(target, NoDrafter(), "tiny", "none", cap=8, repeats=1, budget_s=1.0)
+    stale = json.loads(path.read_text())
+    stale["verify_s"] = [[10 * t for t in row] for row in stale["verify_s"]]  # taken on a machine 10x slower
+    path.write_text(json.dumps(stale))
+    again, _, cached = profile_for(target, NoDrafter(), "tiny", "none", cap=8, repeats=1, budget_s=1.0)
+    assert not cached and again.note.startswith("measured again: the cached profile is off")
+    assert again.verify_s != stale["verify_s"] and json.loads(path.read_text())["verify_s"] == again.verify_s
+    # a check that agrees keeps the cached measurement (the timing is faked: tiny models are too noisy to agree)
+    seen = []
+    monkeypatch.setattr(profile_mod, "check", lambda p, t, aux: seen.append(p.sizes) or {1: 1.1, 4: 0.9, 8: 1.2})
+    kept, _, cached = profile_for(target, NoDrafter(), "tiny", "none", cap=8)
+    assert cached and seen == [grid(8)] and kept.verify_s == again.verify_s and "checked now" in kept.note
+    monkeypatch.setattr(profile_mod, "check", lambda p, t, aux: {1: 1.0, 4: 1.3, 8: 1.0})  # the shape moved
+    assert not profile_for(target, NoDrafter(), "tiny", "none", cap=8, repeats=1, budget_s=1.0)[2]
+
+
+def test_check_times_three_sizes_against_the_profile():
+    target = tiny_target("llama")
+    prof = measure(target, NoDrafter(), cap=8, repeats=1, budget_s=1.0)
+    ratios = check(prof, target, want_aux=False, rounds=1)
+    assert sorted(ratios) == [1, 4, 8] and all(r > 0 for r in ratios.values())
+    assert agrees({1: 1.2, 8: 0.81}) and not agrees({1: 1.3}) and not agrees({8: 0.7})
+
+
 def test_measure_honours_its_time_budget():
     target = tiny_target("llama")
     prof = measure(target, NoDrafter(), cap=4, repeats=1000, budget_s=0.0)
@@ -118,13 +152,13 @@ def test_measure_honours_its_time_budget():
 
 
 def test_profile_cli_prints_the_curve_and_its_envelope(cache_dir, capsys):
-    args = ["--model", "random:llama?seed=0&hidden=64&layers=4", "--cap", "8", "--drafter", "none"]
+    args = ["--model", "random:llama?seed=0&hidden=64&layers=4", "--cap", "8", "--drafter", "none", "--linear", "torch"]
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "measured in" in out and "env ms" in out and "fill" in out
     rows = [line.split() for line in out.splitlines() if line.strip()[:1].isdigit()]
     assert [int(r[0]) for r in rows] == grid(8)
-    assert main(args) == 0 and "read from" in capsys.readouterr().out
+    assert main([*args, "--no-check"]) == 0 and "read from the cache" in capsys.readouterr().out
     assert main([*args, "--json"]) == 0 and json.loads(capsys.readouterr().out)["sizes"] == grid(8)
 
 

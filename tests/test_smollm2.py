@@ -65,7 +65,7 @@ def test_smollm2_greedy_is_lossless(smollm2, prompts, kind):
 
 @pytest.mark.skipif(not onednn_supports(torch.float32, torch.device("cpu")), reason="oneDNN cannot pack fp32 here")
 def test_packed_linears_are_lossless_against_unpacked_generate(smollm2, prompts):
-    """model.linear=onednn (the default on x86 CPUs): the packed target and drafter against transformers'
+    """model.linear=onednn (what auto keeps where it times faster): the packed target and drafter against transformers'
     generate on the unpacked model, with a dense tree (many rows per verify) and AR."""
     packed = Target(*load_model(EMBEDDED))
     packed.use_linear("onednn")

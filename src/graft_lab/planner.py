@@ -95,7 +95,7 @@ class CostPlanner:
         """Whether drafting one more level is worth its cost: the tokens it is expected to add, valued at
         the recent seconds per token, against the profile's cost of a draft level."""
         gain = self.acceptance.next_level_gain(level, best_score)
-        return gain * self.seconds_per_token >= margin * self.profile.draft_level_s
+        return gain * self.seconds_per_token >= margin * self.profile.draft_level_now
 
 
 def build_planner(plan: str, target, drafter, cap: int, model_id: str, drafter_id: str) -> Planner:
@@ -106,5 +106,5 @@ def build_planner(plan: str, target, drafter, cap: int, model_id: str, drafter_i
 
     profile, path, cached = profile_for(target, drafter, model_id, drafter_id, cap)
     if not cached:
-        print(f"[graft-lab] measured this machine's cost profile in {profile.measure_s:.1f} s (once) -> {path}")
+        print(f"[graft-lab] cost profile {profile.note} in {profile.measure_s:.1f} s -> {path}")
     return CostPlanner(profile, AcceptanceModel(), cap)

@@ -3,11 +3,20 @@ target on this device, dtype, thread count, attention backend and linear kernel 
 
 Measured at first use in a few seconds: sizes N on a grid up to the cap, interleaved in a shuffled order
 per repeat, at two prefix lengths (the KV cache is filled with random keys and values, so no long prefill
-runs), a few repeats, medians. Cached on disk as `<GRAFT_LAB_CACHE or ~/.cache/graft_lab>/profiles/*.json`
+runs), a few repeats, the fastest of each. Cached on disk as `<GRAFT_LAB_CACHE or ~/.cache/graft_lab>/profiles/*.json`
 ($GRAFT_LAB_PROFILES moves that folder), keyed by everything that changes the curve: model, dtype, device
-and its name (CPU model or GPU), threads, attention backend, linear kernel, torch version, drafter (its dtype included), cap. Refined online:
-every measured verify time pulls the correction factors of the grid sizes around it towards measured /
-predicted (an exponential moving average, in memory; the cached file keeps the measurement).
+and its name (CPU model and a fingerprint of its features and caches, or GPU), threads, attention backend,
+linear kernel, torch version, drafter (its dtype included), cap. Each size's figure is the fastest of its
+repeats: another process only ever adds time, so the minimum is the machine's own cost, and the online level
+below carries how busy the machine is now.
+
+A cached profile is checked before it is used (`check`): three sizes are timed again in about a second,
+and when their costs or the shape between them moved by more than `CHECK_TOLERANCE` (another machine that
+reports the same name, a profile taken in a slow spell), the whole profile is measured again.
+
+Refined online, in memory (the cached file keeps the measurement): every measured verify time moves a
+global level (how much slower or faster than measured the whole curve runs now, the drafter included) and,
+more slowly, the shape correction of the grid sizes around it, each by an exponential moving average.
 
 Its lower envelope, env(N) = min over M >= N of t(M), is what N nodes really cost: never verify N nodes
 when a bigger tree costs less, fill up to the cheapest size instead.
@@ -24,7 +33,6 @@ import os
 import platform
 import random
 import re
-import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -42,8 +50,10 @@ from .tree import DraftTree, Source
 
 GRID = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 PREFIXES = (128, 1024)  # prefix lengths measured (capped by the model's context)
-VERSION = 1  # bump when the measurement changes: old cache files are then ignored
-REFINE_RATE = 0.1  # weight of one measured step in the online correction
+VERSION = 3  # bump when the measurement changes: old cache files are then ignored
+LEVEL_RATE = 0.1  # weight of one measured step in the online level
+REFINE_RATE = 0.05  # weight of one measured step in the shape correction of the sizes around it
+CHECK_TOLERANCE = 1.25  # a cached profile is measured again when a checked size's cost moved beyond this factor
 SHIPPED_DRAFTER = "builtin:smollm2-135m-instruct-eagle3"
 
 
@@ -64,25 +74,33 @@ class CostProfile:
     key: dict[str, Any]  # what the profile was measured for (see `profile_key`)
     sizes: list[int]  # N grid, ascending, from 1 to the cap
     prefixes: list[int]  # prefix lengths measured, ascending
-    verify_s: list[list[float]]  # [P][G] median seconds of one verification of sizes[g] nodes after prefixes[p]
+    verify_s: list[list[float]]  # [P][G] fastest seconds of one verification of sizes[g] nodes after prefixes[p]
     draft_base_s: float  # a draft that stops after level 0: ingest the new pairs, the root's children
     draft_level_s: float  # each further draft level
     measure_s: float = 0.0  # how long measuring took
     repeats: int = 0  # measured repeats per size and prefix
-    scale: list[float] = field(default_factory=list)  # online correction per grid size (not saved)
+    shape: list[float] = field(default_factory=list)  # online correction per grid size, around the level (not saved)
+    level: float = 1.0  # online: measured / profiled cost of the whole curve now (not saved)
+    note: str = ""  # how this run got the profile: measured, or read from the cache and checked (not saved)
 
     def __post_init__(self):
         self._t = np.asarray(self.verify_s, dtype=np.float64)  # [P, G]
         self._p = np.asarray(self.prefixes, dtype=np.float64)
-        self.scale = list(self.scale) or [1.0] * len(self.sizes)
+        self.shape = list(self.shape) or [1.0] * len(self.sizes)
 
     @property
     def cap(self) -> int:
         return self.sizes[-1]
 
+    @property
+    def draft_level_now(self) -> float:
+        """Seconds of a further draft level now: the profiled cost at the online level."""
+        return self.draft_level_s * self.level
+
     def grid_times(self, prefix: int, refined: bool = True) -> np.ndarray:
         """[G] seconds per grid size after `prefix` tokens: linear in the prefix between the measured ones,
-        flat below the first, extrapolated (never falling) beyond the last."""
+        flat below the first, extrapolated (never falling) beyond the last; `refined`: at the online level
+        and shape."""
         hi = min(max(int(np.searchsorted(self._p, prefix)), 1), max(1, len(self.prefixes) - 1))
         lo = hi - 1
         if len(self.prefixes) == 1 or prefix <= self._p[0]:
@@ -93,7 +111,7 @@ class CostProfile:
                 t = self._t[hi] + np.maximum(slope, 0.0) * (prefix - self._p[hi])
             else:
                 t = self._t[lo] + slope * (prefix - self._p[lo])
-        return t * np.asarray(self.scale) if refined else t
+        return t * self.level * np.asarray(self.shape) if refined else t
 
     def curve(self, prefix: int) -> np.ndarray:
         """[cap] t(N) in seconds for N = 1..cap, linear between grid sizes."""
@@ -118,26 +136,29 @@ class CostProfile:
         return float(np.interp(n, self.sizes, self.grid_times(prefix)))
 
     def observe(self, n: int, prefix: int, seconds: float) -> None:
-        """Refine online: pull the correction of the grid sizes around n towards measured / predicted,
-        each by its interpolation weight."""
-        predicted = float(np.interp(n, self.sizes, self.grid_times(prefix, refined=False)))
-        if predicted <= 0 or seconds <= 0:
+        """Refine online: the level moves towards measured / profiled, whatever the size, then the shape of
+        the grid sizes around n towards what the level leaves unexplained, each by its interpolation weight.
+        When one size runs alone its shape returns to 1 and the level carries the whole change."""
+        profiled = float(np.interp(n, self.sizes, self.grid_times(prefix, refined=False)))
+        if profiled <= 0 or seconds <= 0:
             return
-        ratio = min(5.0, max(0.2, seconds / predicted))  # one stall (GC, another process) moves it little
+        ratio = min(5.0, max(0.2, seconds / profiled))  # one stall (GC, another process) moves it little
+        self.level += LEVEL_RATE * (ratio - self.level)
         hi = min(int(np.searchsorted(self.sizes, n)), len(self.sizes) - 1)
         lo = max(hi - 1, 0)
         w = 1.0 if hi == lo or self.sizes[hi] == n else (n - self.sizes[lo]) / (self.sizes[hi] - self.sizes[lo])
         for g, weight in ((lo, 1.0 - w), (hi, w)):
-            self.scale[g] += REFINE_RATE * weight * (ratio - self.scale[g])
+            self.shape[g] += REFINE_RATE * weight * (ratio / self.level - self.shape[g])
 
     def to_json(self) -> dict:
         data = asdict(self)
-        data.pop("scale")
+        for online in ("shape", "level", "note"):
+            data.pop(online)
         return data
 
     @staticmethod
     def from_json(data: dict) -> "CostProfile":
-        data = {k: v for k, v in data.items() if k != "scale"}
+        data = {k: v for k, v in data.items() if k not in ("shape", "level", "note")}
         return CostProfile(**data)
 
 
@@ -183,9 +204,9 @@ def timed(fn, device: torch.device) -> float:
 
 def measure_verify(target: Target, sizes: list[int], prefixes: list[int], want_aux: bool, repeats: int,
                    budget_s: float) -> tuple[list[list[float]], int]:
-    """[P][G] median verify seconds, every (prefix, size) once per repeat in a shuffled order, after a warm-up
+    """[P][G] fastest verify seconds, every (prefix, size) once per repeat in a shuffled order, after a warm-up
     of each size once at the shortest prefix. At least one repeat runs; a further one starts only if it is
-    predicted (from the last one) to end within `budget_s` of the start. Returns the medians and the repeats done."""
+    predicted (from the last one) to end within `budget_s` of the start. Returns the minima and the repeats done."""
     dev = target.device
     caches = []
     for p in prefixes:
@@ -210,12 +231,12 @@ def measure_verify(target: Target, sizes: list[int], prefixes: list[int], want_a
         for i, g in rng.sample(cells, len(cells)):  # interleaved: drifting load hits every cell alike
             times[i][g].append(timed(lambda: verify(caches[i], prefixes[i], sizes[g]), dev))
         done, last = done + 1, time.perf_counter() - t
-    return [[statistics.median(ts) for ts in row] for row in times], done
+    return [[min(ts) for ts in row] for row in times], done
 
 
 def measure_draft(target: Target, drafter: Drafter, cap: int, repeats: int) -> tuple[float, float]:
     """(seconds of a draft that stops after level 0, seconds per further level): drafts of 1 and of
-    `drafter.depth` levels after one new pair, interleaved, medians."""
+    `drafter.depth` levels after one new pair, interleaved, the fastest of each."""
     dev = target.device
     depth = int(getattr(drafter, "depth", 1))
     context = 64
@@ -231,8 +252,8 @@ def measure_draft(target: Target, drafter: Drafter, cap: int, repeats: int) -> t
             dt = timed(lambda: drafter.draft(step, cap, LevelCap(levels)), dev)
             if rep:  # the first round warms up
                 runs[levels].append(dt)
-    base = statistics.median(runs[1])
-    per_level = (statistics.median(runs[depth]) - base) / (depth - 1) if depth > 1 else 0.0
+    base = min(runs[1])
+    per_level = (min(runs[depth]) - base) / (depth - 1) if depth > 1 else 0.0
     return base, max(0.0, per_level)
 
 
@@ -248,6 +269,21 @@ def measure(target: Target, drafter: Drafter, cap: int, key: dict | None = None,
     return CostProfile(key or {}, sizes, prefixes, verify_s, base, level, time.perf_counter() - t0, done)
 
 
+@torch.inference_mode()
+def check(profile: CostProfile, target: Target, want_aux: bool, rounds: int = 3) -> dict[int, float]:
+    """{size: measured / profiled seconds} for the smallest, a middle and the largest grid size at the first
+    prefix, timed now (the fastest of `rounds`, as `measure` takes them): about a second."""
+    sizes = sorted({profile.sizes[0], profile.sizes[len(profile.sizes) // 2], profile.cap})
+    prefix = profile.prefixes[0]
+    now, _ = measure_verify(target, sizes, [prefix], want_aux, rounds, budget_s=float("inf"))
+    return {n: t / profile.verify_time(n, prefix) for n, t in zip(sizes, now[0])}
+
+
+def agrees(ratios: dict[int, float], tolerance: float = CHECK_TOLERANCE) -> bool:
+    """Whether every checked size costs what the profile says, within a factor of `tolerance`."""
+    return all(1 / tolerance <= r <= tolerance for r in ratios.values())
+
+
 # ---- the on-disk cache ---------------------------------------------------------------------------
 def device_name(device: torch.device) -> str:
     """The GPU's name, or the CPU model (from /proc/cpuinfo where there is one)."""
@@ -259,6 +295,23 @@ def device_name(device: torch.device) -> str:
             if line.lower().startswith("model name"):
                 return line.split(":", 1)[1].strip()
     return platform.processor() or platform.machine() or "unknown"
+
+
+def device_fingerprint(device: torch.device) -> str:
+    """A short hash of what tells apart machines that report the same name: a GPU's capability, memory and
+    processors; a CPU's feature flags, cache sizes and logical CPU count (virtual machines often report a
+    bare family name such as "AMD EPYC")."""
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        facts = [str(torch.cuda.get_device_capability(device)), str(props.total_memory), str(props.multi_processor_count)]
+    else:
+        facts = [str(os.cpu_count()), platform.machine()]
+        cpuinfo = Path("/proc/cpuinfo")
+        if cpuinfo.is_file():
+            wanted = ("flags", "cache size", "cpu family", "model\t", "stepping")
+            lines = cpuinfo.read_text(errors="replace").split("\n\n")[0].splitlines()
+            facts += sorted(line for line in lines if line.startswith(wanted))
+    return hashlib.sha1("\n".join(facts).encode()).hexdigest()[:12]
 
 
 def profile_key(target: Target, model_id: str, drafter_id: str, cap: int, drafter: Drafter | None = None) -> dict[str, Any]:
@@ -274,6 +327,7 @@ def profile_key(target: Target, model_id: str, drafter_id: str, cap: int, drafte
         "dtype": str(target.dtype).removeprefix("torch."),
         "device": dev.type,
         "device_name": device_name(dev),
+        "fingerprint": device_fingerprint(dev),
         "threads": torch.get_num_threads(),
         "attn": target.attn,
         "linear": target.linear,
@@ -315,14 +369,25 @@ def save(profile: CostProfile, path: Path) -> None:
 
 
 def profile_for(target: Target, drafter: Drafter, model_id: str, drafter_id: str, cap: int,
-                refresh: bool = False, **measure_kwargs) -> tuple[CostProfile, Path, bool]:
-    """The profile of this target and drafter on this machine: read from the cache, or measured now and
-    cached. Returns (profile, its cache file, whether it came from the cache)."""
+                refresh: bool = False, verify_cache: bool = True, **measure_kwargs) -> tuple[CostProfile, Path, bool]:
+    """The profile of this target and drafter on this machine: read from the cache and checked against a
+    second of timing now (`verify_cache`), or measured now and cached, also when the check disagrees.
+    Returns (profile, its cache file, whether it came from the cache); `profile.note` says which and why."""
     key = profile_key(target, model_id, drafter_id, cap, drafter)
     path = profile_path(key)
+    note = "measured"
     if not refresh and (cached := load(path, key)) is not None:
-        return cached, path, True
+        if not verify_cache:
+            cached.note = "read from the cache"
+            return cached, path, True
+        ratios = check(cached, target, drafter.needs_features)
+        moved = ", ".join(f"t({n}) {r:.2f}x" for n, r in ratios.items())
+        if agrees(ratios):
+            cached.note = f"read from the cache, checked now: {moved} of the cached cost"
+            return cached, path, True
+        note = f"measured again: the cached profile is off on this machine now ({moved} of it)"
     prof = measure(target, drafter, cap, key, **measure_kwargs)
+    prof.note = note
     save(prof, path)
     return prof, path, False
 
@@ -338,7 +403,8 @@ def drafter_id(node) -> str:
 # ---- python -m graft_lab.profile ---------------------------------------------------------------
 def describe(profile: CostProfile, path: Path, cached: bool) -> str:
     k = profile.key
-    source = "read from" if cached else f"measured in {profile.measure_s:.1f} s ({profile.repeats} repeats, medians), saved to"
+    source = (f"{profile.note or 'read from the cache'}; file" if cached else
+              f"{profile.note or 'measured'} in {profile.measure_s:.1f} s ({profile.repeats} repeats, fastest), saved to")
     lines = [
         f"cost profile: {k.get('model')}  {k.get('dtype')} on {k.get('device')} ({k.get('device_name')}), "
         f"{k.get('threads')} threads, attention {k.get('attn')}, torch {k.get('torch')}",
@@ -376,6 +442,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--linear", default="auto", help="the linear layers' kernel (as model.linear): auto, onednn, torch")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     ap.add_argument("--refresh", action="store_true", help="measure again even when a cached profile exists")
+    ap.add_argument("--no-check", action="store_true", help="use a cached profile without timing it against this "
+                                                            "machine now")
     ap.add_argument("--json", action="store_true", help="print the profile as JSON")
     return ap.parse_args(argv)
 
@@ -396,7 +464,8 @@ def main(argv: list[str] | None = None) -> int:
         target.use_linear(args.linear)
         target.use_attention(("triton" if target.device.type == "cuda" else "sdpa") if args.attn == "auto" else args.attn)
         drafter = DRAFTERS.build(node, target=target)
-        prof, file, cached = profile_for(target, drafter, args.model, drafter_id(node), args.cap, refresh=args.refresh)
+        prof, file, cached = profile_for(target, drafter, args.model, drafter_id(node), args.cap, refresh=args.refresh,
+                                          verify_cache=not args.no_check)
     except GraftLabError as exc:
         print(f"graft-lab: error: {exc}", file=sys.stderr)
         return 2

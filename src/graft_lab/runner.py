@@ -42,6 +42,8 @@ def build_target(run: RunConfig) -> Target:
     model, tokenizer = load_model(m.path, dtype=m.dtype, device=m.device, device_map=m.device_map)
     target = Target(model, tokenizer, max_context=m.max_context)
     target.use_linear(m.linear)
+    if target.linear_timing is not None:
+        print(f"[graft-lab] model.linear=auto: {target.linear_timing.describe()}")
     attn = run.verify.attn
     if attn == "auto":
         attn = "triton" if target.device.type == "cuda" else "sdpa"

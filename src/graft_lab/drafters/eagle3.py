@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import ConfigError, DrafterMismatchError
+from ..models.attention import register_grouped_sdpa
 from ..models.cache import TreeKVCache
 from ..models.linear import onednn_supports, pack_linears
 from ..models.target import DTYPES, Target
@@ -186,4 +187,6 @@ def build_eagle3(opts: Eagle3Options, target: Target) -> Eagle3Drafter:
     embed = net.embed_tokens if net.embed_tokens is not None else target.model.get_input_embeddings()
     if target.linear == "onednn" and onednn_supports(net.fc.weight.dtype, target.device):
         pack_linears(net)  # the target's kernel choice, where oneDNN packs the drafter's own dtype
+    if target.attn == "sdpa":  # as the target's: query heads folded onto their key/value head, no cache copy
+        net.config._attn_implementation = register_grouped_sdpa()
     return Eagle3Drafter(net, embed, opts.depth, opts.top_k)

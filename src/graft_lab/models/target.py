@@ -139,8 +139,9 @@ class Target:
         self.aux_layers = tuple(aux_layers) if aux_layers else default_aux_layers(layers)
         if any(not 0 <= i <= layers for i in self.aux_layers):
             raise ModelLoadError(f"aux layers {self.aux_layers} out of range 0..{layers}")
-        self.attn = "sdpa"
+        self.use_attention("sdpa")  # transformers' SDPA, grouped-query folded under a tree mask (models/attention.py)
         self.linear = "torch"
+        self.linear_timing = None  # use_linear('auto'): what it timed, when it timed (models/linear.py)
 
     @property
     def device(self) -> torch.device:
@@ -162,28 +163,38 @@ class Target:
         return TreeKVCache(self.config.num_hidden_layers, max_len)
 
     def use_attention(self, attn: str) -> None:
-        """Pick the verification attention: 'sdpa' or 'eager' (transformers), or 'triton' (our kernel)."""
+        """Pick the verification attention: 'sdpa' (transformers' SDPA, query heads folded onto their key/value
+        head under a tree mask: models/attention.py), 'eager' (transformers'), or 'triton' (our kernel)."""
         if attn == "triton":
             from graft_lab.kernels import register_tree_attention
 
             self.model.set_attn_implementation(register_tree_attention())
-        elif attn in ("sdpa", "eager"):
+        elif attn == "sdpa":
+            from .attention import register_grouped_sdpa
+
+            self.model.set_attn_implementation(register_grouped_sdpa())
+        elif attn == "eager":
             self.model.set_attn_implementation(attn)
         else:
             raise ValueError(f"unknown verify.attn '{attn}'; valid: triton, sdpa, eager")
         self.attn = attn
 
     def use_linear(self, linear: str) -> None:
-        """Pick the linear layers' kernel: 'onednn' (weights packed once), 'torch', or 'auto' (onednn where this
-        CPU supports the dtype); see models/linear.py."""
-        from .linear import pack_linears, resolve_linear
+        """Pick the linear layers' kernel: 'onednn' (weights packed once), 'torch', or 'auto': where this CPU
+        supports the dtype, the faster of the two timed now over the model's linear layers (its timing kept in
+        `linear_timing`); see models/linear.py."""
+        from .linear import pack_linears, resolve_linear, time_linears
 
         try:
             chosen = resolve_linear(linear, self.dtype, self.device)
         except ValueError as exc:
             raise ModelLoadError(str(exc)) from None
+        packed = None
+        if linear == "auto" and chosen == "onednn" and self.linear != "onednn":
+            self.linear_timing, packed = time_linears(self.model)
+            chosen = self.linear_timing.faster
         if chosen == "onednn" and self.linear != "onednn":
-            pack_linears(self.model)
+            pack_linears(self.model, packed)
         elif chosen == "torch" and self.linear == "onednn":
             raise ModelLoadError("the target's linear layers are packed already; load it again for linear=torch")
         self.linear = chosen
