@@ -105,6 +105,6 @@ def build_planner(plan: str, target, drafter, cap: int, model_id: str, drafter_i
     from .profile import profile_for
 
     profile, path, cached = profile_for(target, drafter, model_id, drafter_id, cap)
-    if not cached:
-        print(f"[graft-lab] cost profile {profile.note} in {profile.measure_s:.1f} s -> {path}")
+    took = "" if cached else f" in {profile.measure_s:.1f} s"
+    print(f"[graft-lab] cost profile {profile.note}{took} -> {path}")
     return CostPlanner(profile, AcceptanceModel(), cap)
