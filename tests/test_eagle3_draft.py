@@ -243,4 +243,5 @@ def test_draft_ops_table_lists_the_level_ops(tmp_path, capsys):
     rows = {line.split()[0]: [float(x) for x in line.split()[1:]] for line in out[3:] if line.strip()}
     assert "(bfloat16)" in out[0] and "aten::mm" in rows
     assert rows["aten::mm"][1] == 8.0  # fc is skipped after level 0: q, k, v, o, gate, up, down, head
-    assert sum(share for share, _ in rows.values()) == pytest.approx(100, abs=0.5)
+    # each share is printed to 0.1: the printed sum is 100 within half that per row
+    assert sum(share for share, _ in rows.values()) == pytest.approx(100, abs=0.05 * len(rows) + 1e-6)

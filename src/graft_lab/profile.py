@@ -259,7 +259,7 @@ def measure_draft(target: Target, drafter: Drafter, cap: int, repeats: int) -> t
 
 @torch.inference_mode()
 def measure(target: Target, drafter: Drafter, cap: int, key: dict | None = None, prefixes: list[int] | None = None,
-            repeats: int = 3, budget_s: float = 6.0) -> CostProfile:
+            repeats: int = 3, budget_s: float = 9.0) -> CostProfile:
     """Measure the profile now (a few seconds); see the module docstring."""
     t0 = time.perf_counter()
     sizes = grid(cap)
