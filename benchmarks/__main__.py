@@ -103,7 +103,8 @@ def build_rows(hf: Target, target: Target, args, stop: StopRule) -> list[Row]:
             Row("HF prompt lookup", hf_decoder(hf, args.max_new_tokens, eos, prompt_lookup_num_tokens=10)),
             Row("graft-lab AR", engine_decoder(target, ar_method(), stop))]
     if (default := default_method(target, args.drafter)) is not None:
-        rows.append(engine_row(*default, target, stop))
+        name, method = default
+        rows.append(engine_row(name, target, method, stop))
     rows += [engine_row(name, target, m, stop) for name, m in preset_methods(target, args.drafter, args.budget)]
     return rows
 

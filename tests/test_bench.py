@@ -33,3 +33,21 @@ def test_bench_runs_transformers_in_our_dtype_and_audits_outside_fp32(tmp_path, 
     assert {r["method"] for r in audited} == {"pld K=8", "recycle K=8"}
     assert all(r["audit"]["unexplained_divergences"] == 0 for r in audited)
     assert "our AR equals HF AR, no unexplained divergence (bfloat16): PASS" in capsys.readouterr().out
+
+
+def test_bench_has_the_default_run_row_and_it_is_lossless_in_fp32(tmp_path, monkeypatch, capsys):
+    """With a drafter, `make bench` also runs what `make run` runs (the default method on tree=auto)."""
+    from graft_lab.models.target import Target, load_model
+    from graft_lab.presets import compose_run
+    from test_eagle3_draft import write_eagle3
+
+    monkeypatch.setenv("GRAFT_LAB_PROFILES", str(tmp_path / "profiles"))
+    drafter = write_eagle3(Target(*load_model(TINY_MODEL)), tmp_path / "drafter")
+    out = tmp_path / "bench.json"
+    main(["--model", TINY_MODEL, "--drafter", str(drafter), "--prompts", "2", "--max-new-tokens", "16", "--budget", "8",
+          "--device", "cpu", "--out", str(out)])
+    rows = {r["method"]: r for r in json.loads(out.read_text())}
+    default = f"default: {compose_run([]).method.name} tree=auto"
+    assert list(rows)[3] == default and rows[default]["identical"] and rows[default]["tokens"] > 0
+    text = capsys.readouterr().out
+    assert default in text and "vs our AR" in text and "every output equals HF AR token for token: PASS" in text
