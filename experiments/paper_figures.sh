@@ -41,8 +41,9 @@ cat >"$OUT/README.md" <<MD
 The paper's figures on this project's embedded target: **SmolLM2-135M-Instruct with the shipped EAGLE-3
 drafter**, $DTYPE, greedy, $TOKENS new tokens, on $(lscpu | sed -n 's/^Model name: *//p' | head -1) ($(nproc) cores),
 made by \`experiments/paper_figures.sh\` on $(date -u +%Y-%m-%d) at commit $(git rev-parse --short HEAD).
-Pareto, ablation and budget split: the first $MT_PER_CATEGORY MT-Bench first turn(s) of each of its 8 categories; per category: $PER_CATEGORY first
-turns of each of Spec-Bench's 13 categories. Speedups are against the AR baseline decoded in the same run.
+Pareto, ablation and budget split: MT-Bench first turns, the first $MT_PER_CATEGORY of each of its 8 categories; per
+category: the first $PER_CATEGORY first turns of each of Spec-Bench's 13 categories. Speedups are against the AR baseline
+decoded in the same run. The runs took $((SECONDS / 60)) minutes.
 MD
 GRAFT_LAB_RESULTS=$(realpath "$OUT") GRAFT_LAB_FIGURES=$(realpath "$OUT") "$PY" - <<'PYEOF'
 from pathlib import Path

@@ -56,6 +56,26 @@ def test_maskless_forwards_keep_transformers_path():
     assert torch.equal(got, expected)  # prefill: the very same call
 
 
+def test_a_masked_forward_with_many_rows_keeps_transformers_path(monkeypatch):
+    """Folding repeats the mask per group; past 2 x Hq x D rows that outweighs the key/value copy it saves."""
+    torch.manual_seed(1)
+    kv_heads, groups, dim = 1, 3, 4  # 2 x Hq x D = 24: fold while (G - 1) x T < 24, i.e. T <= 11
+    folded = []
+    real = torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
+                        lambda q, *a, **kw: folded.append(q.shape[1] == kv_heads) or real(q, *a, **kw))
+    module = Module(groups)
+    for rows, fold in ((11, True), (12, False), (40, False)):
+        q = torch.randn(1, kv_heads * groups, rows, dim)
+        k, v = torch.randn(1, kv_heads, 5 + rows, dim), torch.randn(1, kv_heads, 5 + rows, dim)
+        mask = tree_mask(rows, 5, seed=rows)
+        expected, _ = sdpa_attention_forward(module, q, k, v, mask, scaling=0.5)
+        folded.clear()
+        got, _ = grouped_sdpa(module, q, k, v, mask, scaling=0.5)
+        assert folded == [fold], rows
+        torch.testing.assert_close(got, expected, rtol=0, atol=2e-6)
+
+
 def test_targets_verify_with_it_and_a_tree_verify_matches_eager():
     target = tiny_target("qwen3")
     assert target.attn == "sdpa" and target.model.config._attn_implementation == NAME

@@ -7,6 +7,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from graft_lab.config import method_label, validate
+from graft_lab.data.base import load_questions
 from graft_lab.errors import ConfigError
 from graft_lab.presets import CONF, method_names, preset
 from graft_lab.tree import CHAIN, tree_shape
@@ -112,6 +113,16 @@ def test_pareto_sweep_resolves_to_the_methods_at_k16_32_60():
         seen.add((cfg["method"]["name"], k))
     names = {"eagle3_dense", "dyn_depth", "recycle", "graft_root", "graft_tail", "graft_match"}
     assert seen == {(m, k) for m in names for k in (16, 32, 60)}
+
+
+@pytest.mark.parametrize("experiment", ["pareto_sweep", "graft_ablation", "budget_split"])
+def test_mt_bench_presets_take_the_first_question_of_each_category(experiment):
+    """'8 MT-Bench questions (the first of each category)', as the presets say: not the first 8, all writing."""
+    picked = load_questions(compose_cfg([f"experiment={experiment}"]).dataset)
+    first: dict[str, int] = {}
+    for q in load_questions(compose_cfg(["dataset.limit=null"]).dataset):
+        first.setdefault(q.category, q.question_id)
+    assert len(first) == 8 and sorted(q.question_id for q in picked) == sorted(first.values())
 
 
 @pytest.mark.parametrize("experiment", ["paper_short", "paper_long"])

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import ConfigError, DrafterMismatchError
-from ..models.attention import register_grouped_sdpa
+from ..models.attention import NAME as ATTN_NAME, register_grouped_sdpa
 from ..models.cache import TreeKVCache
 from ..models.linear import onednn_supports, pack_linears
 from ..models.target import DTYPES, Target
@@ -67,6 +67,9 @@ class Eagle3Drafter:
         self.to_target = net.to_target_ids(torch.arange(net.draft_vocab_size, device=net.d2t.device))  # [Vd]
         self.cache: TreeKVCache | None = None
         self.rope: tuple[torch.Tensor, torch.Tensor] | None = None  # (cos, sin) [1, max_len, D], kept per sequence
+        # SDPA (transformers' or graft_sdpa) reads a missing mask over several rows as causal: the prompt's
+        # first ingest then needs no [S, S] mask, and the kernel skips the masked half
+        self.sdpa = net.config._attn_implementation in ("sdpa", ATTN_NAME)
 
     def reset(self, max_len: int) -> None:
         self.cache = TreeKVCache(1, max_len + self.depth * self.top_k + 1)
@@ -83,11 +86,12 @@ class Eagle3Drafter:
         cos, sin = self.rope
         return cos[:, start : start + length], sin[:, start : start + length]  # [1, length, D] each
 
-    def _forward(self, tokens: torch.Tensor, hidden: torch.Tensor, positions, bias: torch.Tensor) -> torch.Tensor:
+    def _forward(self, tokens: torch.Tensor, hidden: torch.Tensor, positions, bias: torch.Tensor | None) -> torch.Tensor:
         # tokens: [T]; hidden: [T, 3H_t] target features or [T, H] drafter states; bias: [T, S] additive over
-        # the cache after this write; returns [T, H] in the drafter's dtype
+        # the cache after this write, or None: causal over an empty cache (SDPA only); returns [T, H]
         embeds = self.embed(tokens).to(self.dtype)
-        return self.net(embeds[None], hidden.to(self.dtype)[None], positions, bias[None, None], self.cache)[0]
+        mask = None if bias is None else bias[None, None]
+        return self.net(embeds[None], hidden.to(self.dtype)[None], positions, mask, self.cache)[0]
 
     def _top_k(self, hidden: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         # hidden: [R, H] -> target token ids [R, k], float32 log-probs [R, k], descending
@@ -104,7 +108,8 @@ class Eagle3Drafter:
         self.cache.crop(inp.start)
         m = inp.next_tokens.numel()
         committed = inp.start + m
-        causal = torch.full((m, committed), neg, dtype=dtype, device=dev).triu_(inp.start + 1)  # [m, committed]
+        causal = None if inp.start == 0 and self.sdpa else \
+            torch.full((m, committed), neg, dtype=dtype, device=dev).triu_(inp.start + 1)  # [m, committed]
         h = self._forward(inp.next_tokens, inp.features, self._positions(inp.start, m, m), causal)[-1:]  # [1, H]
         if budget <= 1:
             return DraftTree.root(inp.root, device=dev)

@@ -9,7 +9,8 @@ instead; with several (a verified tree) it copies. On a 2-core CPU at a 4,096-to
 Folding: the Hq = Hkv x G query heads [B, Hq, T, D] are viewed as [B, Hkv, G x T, D] (head h reads key/value
 head h // G, as `repeat_kv` orders them), the [B, 1, T, S] mask is repeated G times along the query rows, and
 one SDPA call per layer attends every row to its own key/value head. Each row's attention is the same
-function of the same numbers. Prefill and other maskless forwards keep transformers' path unchanged.
+function of the same numbers. Prefill and other maskless forwards keep transformers' path unchanged, and so
+does a masked forward with so many rows that the repeated mask would outweigh the copied keys and values.
 """
 
 from __future__ import annotations
@@ -34,10 +35,14 @@ def grouped_sdpa(
     **kwargs,
 ) -> tuple[torch.Tensor, None]:  # attn_output: [B, T, Hq, D]
     batch, heads, rows, dim = query.shape
-    groups = heads // key.shape[1]
-    if attention_mask is None or groups == 1 or rows == 1 or dropout or kwargs.get("sliding_window") is not None:
+    kv_heads = key.shape[1]
+    groups = heads // kv_heads
+    # folding copies the mask G - 1 more times ((G-1) x T x S), expanding copies the keys and values
+    # (2 x Hq x S x D): fold only when it copies less, as for a tree over a long cache, not a prompt's rows
+    cheaper = (groups - 1) * rows < 2 * heads * dim
+    if attention_mask is None or groups == 1 or rows == 1 or not cheaper or dropout or kwargs.get("sliding_window") is not None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
-    q = query.reshape(batch, key.shape[1], groups * rows, dim)  # [B, Hkv, G*T, D]: head h -> kv head h // G
+    q = query.reshape(batch, kv_heads, groups * rows, dim)  # [B, Hkv, G*T, D]: head h -> kv head h // G
     mask = attention_mask.repeat(1, 1, groups, 1)  # [B, 1, G*T, S]: each folded row keeps its node's mask
     out = F.scaled_dot_product_attention(q, key, value, attn_mask=mask, scale=scaling)  # [B, Hkv, G*T, D]
     return out.view(batch, heads, rows, dim).transpose(1, 2).contiguous(), None
