@@ -27,14 +27,14 @@ from graft_lab.stopping import StopRule
 from graft_lab.verify import SamplingParams
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=EMBEDDED)
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--methods", nargs="+", default=["graft_pool"], help="conf/method presets, at K=16 (fixed)")
     ap.add_argument("--lengths", type=int, nargs="+", default=[1024, 4096])
     ap.add_argument("--repeats", type=int, default=5)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     model, tok = load_model(args.model, dtype=args.dtype)
     target = Target(model, tok)
     methods = {"ar": ar_method(), **{m: build(m, target, None, 16, ()) for m in args.methods}}

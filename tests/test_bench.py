@@ -51,3 +51,15 @@ def test_bench_has_the_default_run_row_and_it_is_lossless_in_fp32(tmp_path, monk
     assert list(rows)[3] == default and rows[default]["identical"] and rows[default]["tokens"] > 0
     text = capsys.readouterr().out
     assert default in text and "vs our AR" in text and "every output equals HF AR token for token: PASS" in text
+
+
+def test_prefill_cost_times_ar_and_a_method_through_the_decode_loop(capsys):
+    """benchmarks.prefill_cost: AR is 1.000x of itself, the method's prefill and its first draft are timed."""
+    from benchmarks.prefill_cost import main as prefill_cost
+
+    prefill_cost(["--methods", "graft_pool", "--lengths", "128", "--repeats", "1"])
+    rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.split()[1:2] in (["ar"], ["graft_pool"])]
+    assert [r[1] for r in rows] == ["ar", "graft_pool"]
+    ar, method = rows
+    assert ar[3] == "1.000x" and ar[4] == "0"  # AR has no draft
+    assert float(method[2]) > 0 and float(method[4]) > 0  # prefill ms, first draft ms (the drafter read the prompt)
