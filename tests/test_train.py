@@ -176,8 +176,16 @@ def test_regenerate_then_train_from_a_run(tmp_path):
     assert two["state"]["consumed"] > 0 and two["state"]["step"] > 0
     assert all(torch.equal(one["model"][k], two["model"][k]) for k in one["model"])  # lr 0: the init's weights
     assert torch.equal(torch.load(tmp_path / "run1" / "vocab.pt")["keep"], torch.load(tmp_path / "run2" / "vocab.pt")["keep"])
-    with pytest.raises(FileNotFoundError, match="not a training run"):
+    with pytest.raises(FileNotFoundError, match="neither a training run directory .* nor an exported EAGLE-3 drafter"):
         train_main(base + ["--out", str(tmp_path / "run3"), "--init", str(tmp_path / "nothing")])
+    # a later stage may start from an exported drafter (the shipped one is builtin:NAME): its bf16 weights and d2t
+    train_main(base + ["--out", str(tmp_path / "run1"), "--export-only", "--export", str(tmp_path / "exp1")])
+    train_main(base + ["--out", str(tmp_path / "run6"), "--init", str(tmp_path / "exp1"), "--lr", "0"])
+    six = torch.load(tmp_path / "run6" / "checkpoint.pt", weights_only=False)
+    assert six["state"]["step"] > 0
+    assert torch.equal(torch.load(tmp_path / "run6" / "vocab.pt")["keep"], torch.load(tmp_path / "run1" / "vocab.pt")["keep"])
+    for k, v in one["model"].items():
+        assert torch.equal(six["model"][k], v.to(torch.bfloat16).float() if v.is_floating_point() else v), k
     # stage three: fresh ShareGPT interleaved with the own replies
     train_main(base + ["--out", str(tmp_path / "run4"), "--init", str(tmp_path / "run2"), "--data", "sharegpt",
                        "--data", str(regen), "--epochs", "5", "--sharegpt-skip", "100"])
@@ -233,3 +241,31 @@ def test_data_sources_from_config_or_command_line(tmp_path):
     assert parse(["--config", str(cfg), "--out", "x"]).data == ["sharegpt", "replies.jsonl"]
     args = parse(["--config", str(cfg), "--out", "x", "--data", "other.jsonl"])
     assert args.data == ["other.jsonl"] and args.sharegpt_skip == 7
+
+
+def test_training_dtypes_are_chosen_by_what_they_took_here():
+    """`--target-dtype auto --autocast auto`: the probe runs every option once on the tiny target and keeps the
+    fastest of each; the timings are faked so that the choice is deterministic."""
+    from graft_lab.train.__main__ import parse
+    from graft_lab.train.loop import build_drafter
+    from graft_lab.train.probe import choose
+
+    target = tiny_target()
+    keep = torch.arange(64)
+    net = build_drafter(target, keep, "rows", 0)
+    for fake, want in (([1.0, 0.5, 0.2, 0.4], ("bfloat16", False)), ([0.3, 0.9, 0.8, 0.1], ("float32", True))):
+        calls = []
+
+        def timer(fn, repeats, fake=fake):
+            fn()  # every option really runs
+            calls.append(fn)
+            return fake[len(calls) - 1]
+
+        choice = choose(target, net, keep, tokens=12, timer=timer)
+        assert (choice.target_dtype, choice.autocast) == want and len(calls) == 4
+        assert "target " + want[0] in choice.line() and all(p.grad is None for p in net.parameters())
+    only = choose(target, net, keep, tokens=12, dtypes=("float32",), autocasts=(True,), timer=lambda fn, r: 0.0)
+    assert (only.target_dtype, only.autocast) == ("float32", True)
+    args = parse(["--out", "x", "--target-dtype", "auto", "--autocast", "auto"])
+    assert (args.target_dtype, args.autocast) == ("auto", "auto")
+    assert parse(["--out", "x", "--autocast", "false"]).autocast is False

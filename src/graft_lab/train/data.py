@@ -16,6 +16,8 @@ from ..data.json_stream import stream_json_array
 from ..data.sharegpt import SHAREGPT
 from ..data.sources import MT_BENCH as MTBENCH
 
+HELDOUT = 16  # usable ShareGPT conversations, the file's first, that the trainer holds out for validation
+
 ROLES = {"human": "user", "user": "user", "gpt": "assistant", "chatgpt": "assistant", "assistant": "assistant"}
 
 
@@ -56,36 +58,45 @@ def regenerated_conversations(path: Path, skip: int = 0, epochs: int = 1) -> Ite
         yield pos, row["messages"], bool(row.get("complete", True))
 
 
-Source = Callable[[int], Iterator[tuple[list[dict], bool]]]  # items to skip -> (messages, complete)
+# items to skip -> (messages, complete), or None for an item dropped because it overlaps an evaluation prompt
+# (it still counts as an item, so stream positions and resumes do not depend on what was dropped)
+Source = Callable[[int], Iterator[tuple[list[dict], bool] | None]]
 
 
-def sharegpt_source(skip: int, path: Path | None = None) -> Source:
-    """ShareGPT conversations after the first `skip` usable ones (the held-out ones and any an earlier stage used)."""
+def _screened(items: Iterator[tuple[list[dict], bool]], screen) -> Iterator[tuple[list[dict], bool] | None]:
+    for msgs, complete in items:
+        yield None if screen is not None and screen.conversation(msgs) else (msgs, complete)
+
+
+def sharegpt_source(skip: int, path: Path | None = None, screen=None) -> Source:
+    """ShareGPT conversations after the first `skip` usable ones (the held-out ones and any an earlier stage used).
+    `screen`: an `EvalIndex`; conversations that overlap an evaluation prompt are dropped."""
     def items(start: int):
-        for _, msgs in itertools.islice(sharegpt_conversations(path), skip + start, None):
-            yield msgs, True
+        convs = itertools.islice(sharegpt_conversations(path), skip + start, None)
+        return _screened(((msgs, True) for _, msgs in convs), screen)
     return items
 
 
-def regenerated_source(path: Path, epochs: int) -> Source:
-    """The target's own replies from a `graft_lab.train.regenerate` file, `epochs` passes."""
+def regenerated_source(path: Path, epochs: int, screen=None) -> Source:
+    """The target's own replies from a `graft_lab.train.regenerate` file, `epochs` passes, screened as above."""
     def items(start: int):
-        for _, msgs, complete in regenerated_conversations(path, start, epochs):
-            yield msgs, complete
+        return _screened(((msgs, complete) for _, msgs, complete in regenerated_conversations(path, start, epochs)), screen)
     return items
 
 
 def interleave(sources: list[Source], skip: int = 0) -> Iterator[tuple[int, list[dict], bool]]:
     """(position, messages, complete) taking one item from each source in turn, from position `skip`: position p
     is item p // n of source p % n, so a resumed run continues every source where it stopped. Ends with the
-    first source that runs out."""
+    first source that runs out. Dropped items (None) take their position and yield nothing."""
     n = len(sources)
     its = [src(skip // n + (j < skip % n)) for j, src in enumerate(sources)]
+    end = object()
     for pos in itertools.count(skip):
-        item = next(its[pos % n], None)
-        if item is None:
+        item = next(its[pos % n], end)
+        if item is end:
             return
-        yield pos, *item
+        if item is not None:
+            yield pos, *item
 
 
 def heldout_end(n: int, path: Path | None = None) -> int:

@@ -45,7 +45,8 @@ class TrainConfig:
     autocast: bool = True  # bf16 autocast for the drafter (AMX on recent Xeons); weights stay fp32
     head_init: str = "rows"  # rows: lm_head = the target's head rows of the draft vocab; target: and its final norm; random
     seed: int = 0
-    init: str = ""  # a run directory whose weights and draft vocab start this run (fresh optimizer and schedule)
+    init: str = ""  # a run directory or an exported drafter (builtin:NAME) whose weights and draft vocab start this
+    # run (fresh optimizer and schedule)
     ckpt_every: int = 50  # optimizer steps
     log_every: int = 10
     eval_every_tokens: int = 1_000_000  # tau learning curve; 0: only at the end
@@ -97,6 +98,25 @@ def lr_at(cfg: TrainConfig, tokens: int, wall: float = 0.0) -> float:
         return cfg.lr * max(tokens, 1) / cfg.warmup_tokens
     frac = progress(cfg, tokens, wall)
     return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * frac)))
+
+
+def read_init(path: str) -> dict:
+    """{"model": state dict, "vocab": {"keep", ...}} of a run to start from: a training run directory
+    (checkpoint.pt + vocab.pt) or an exported drafter in the official format, such as the shipped one
+    (`builtin:NAME` or a directory with config.json + model.safetensors: its weights in fp32, its d2t/t2d map)."""
+    run = Path(path)
+    if all((run / f).is_file() for f in ("checkpoint.pt", "vocab.pt")):
+        return {"model": torch.load(run / "checkpoint.pt", weights_only=False)["model"], "vocab": torch.load(run / "vocab.pt")}
+    from ..drafters.eagle3_checkpoint import ModelLoadError, load_eagle3
+
+    try:
+        net, _ = load_eagle3(path, dtype=torch.float32)
+    except ModelLoadError as exc:
+        raise FileNotFoundError(f"init={path!r} is neither a training run directory (checkpoint.pt and vocab.pt) "
+                                f"nor an exported EAGLE-3 drafter: {exc}") from None
+    keep = net.t2d.nonzero().flatten()
+    return {"model": {k: v.float() if v.is_floating_point() else v for k, v in net.state_dict().items()},
+            "vocab": {"keep": keep, "coverage": None}}
 
 
 def prefetch(stream, target: Target, keep: torch.Tensor, depth: int):
@@ -177,13 +197,12 @@ def train(cfg: TrainConfig, target: Target, sequences: Sequences, val=(), eval_p
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     ckpt_path, vocab_path = out / "checkpoint.pt", out / "vocab.pt"
-    if cfg.init and not all((Path(cfg.init) / f).is_file() for f in ("checkpoint.pt", "vocab.pt")):
-        raise FileNotFoundError(f"init={cfg.init!r} is not a training run directory (needs checkpoint.pt and vocab.pt)")
+    init_state = read_init(cfg.init) if cfg.init else None
     torch.manual_seed(cfg.seed)
     if resume and vocab_path.is_file():
         vocab = torch.load(vocab_path)
     elif cfg.init:
-        vocab = torch.load(Path(cfg.init) / "vocab.pt")
+        vocab = init_state["vocab"]
         atomic_save(vocab, vocab_path)
     else:
         t0 = time.perf_counter()
@@ -195,12 +214,13 @@ def train(cfg: TrainConfig, target: Target, sequences: Sequences, val=(), eval_p
                  "seconds": time.perf_counter() - t0}
         atomic_save(vocab, vocab_path)
     keep = vocab["keep"]
-    print(f"[train] draft vocab {keep.numel()} covers {vocab['coverage']:.4f} of label tokens", flush=True)
+    covers = "an unknown share" if vocab.get("coverage") is None else f"{vocab['coverage']:.4f}"
+    print(f"[train] draft vocab {keep.numel()} covers {covers} of label tokens", flush=True)
     t2d_index = torch.full((target.vocab_size,), -1, dtype=torch.long)
     t2d_index[keep] = torch.arange(keep.numel())
     net = build_drafter(target, keep, cfg.head_init, cfg.seed)
     if cfg.init and not (resume and ckpt_path.is_file()):
-        net.load_state_dict(torch.load(Path(cfg.init) / "checkpoint.pt", weights_only=False)["model"])
+        net.load_state_dict(init_state["model"])
         print(f"[train] initialised from {cfg.init}", flush=True)
     net.train()
     decay, no_decay = [], []

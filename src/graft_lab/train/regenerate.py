@@ -21,7 +21,8 @@ from pathlib import Path
 import torch
 
 from ..models.target import EMBEDDED, load_model
-from .data import heldout_end, sharegpt_conversations
+from .data import HELDOUT, heldout_end, sharegpt_conversations
+from .decontaminate import EvalIndex, build_index
 
 
 def written(path: Path) -> tuple[int, int]:
@@ -37,11 +38,12 @@ def written(path: Path) -> tuple[int, int]:
     return count, last
 
 
-def prompts(tokenizer, skip: int, max_prompt_tokens: int) -> Iterator[tuple[int, list[dict], int]]:
-    """(source index, [first user turn], prompt length) for ShareGPT prompts that fit, from index `skip`."""
+def prompts(tokenizer, skip: int, max_prompt_tokens: int, screen: EvalIndex | None = None) -> Iterator[tuple[int, list[dict], int]]:
+    """(source index, [first user turn], prompt length) for ShareGPT prompts that fit, from index `skip`; those
+    that overlap an evaluation prompt in `screen` are left out."""
     for idx, msgs in sharegpt_conversations(skip=skip):
         first = msgs[:1]
-        if not first[0]["content"]:
+        if not first[0]["content"] or (screen is not None and screen.conversation(first)):
             continue
         n = len(tokenizer.apply_chat_template(first, add_generation_prompt=True, tokenize=True, return_dict=False))
         if n <= max_prompt_tokens:
@@ -69,7 +71,7 @@ def main(argv=None) -> None:
     ap.add_argument("--out", required=True, help="JSONL file to append to (resumes after its last index)")
     ap.add_argument("--target", default=EMBEDDED)
     ap.add_argument("--dtype", default="bfloat16")
-    ap.add_argument("--heldout", type=int, default=16, help="usable conversations the trainer holds out: skipped")
+    ap.add_argument("--heldout", type=int, default=HELDOUT, help="usable conversations the trainer holds out: skipped")
     ap.add_argument("--max-prompt-tokens", type=int, default=192)
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--batch", type=int, default=64)
@@ -89,7 +91,7 @@ def main(argv=None) -> None:
     tok.padding_side = "left"
     done, last = written(out)
     skip = max(heldout_end(args.heldout), last + 1)
-    source = prompts(tok, skip, args.max_prompt_tokens)
+    source = prompts(tok, skip, args.max_prompt_tokens, build_index())
     from tqdm import tqdm
 
     bar = tqdm(unit="reply", dynamic_ncols=True, mininterval=5)
