@@ -54,13 +54,14 @@ drafter: $(STAMP)
 		--out $(RUNS)/smollm2-eagle3-mix3 --resume --export $(RUNS)/smollm2-eagle3-mix3/export
 
 # Stage 6 continues from the shipped drafter itself (no runs/ needed): the 8,922 ShareGPT conversations stage 5's second
-# pass did not reach. STAGE_MINUTES is its wall-time budget; rerun to resume; the export lands in RUNS/.../export.
-# The dtypes are timed at start (fp32 on an AVX2-only CPU, bf16 with AMX). It needs an AMX or avx512_bf16 CPU, or a
-# GPU, to be worth running: MODEL_CARD.md gives 670 tok/s there, 142 on AVX2.
+# pass did not reach, with TTT 5 and peak lr 5e-5 (the A/B in MODEL_CARD.md). STAGE_MINUTES is its wall-time budget;
+# rerun to resume; the export lands in RUNS/.../export. The dtypes are timed at start (fp32 on an AVX2-only CPU, bf16
+# with AMX). It needs an AMX or avx512_bf16 CPU, or a GPU, to be worth running: MODEL_CARD.md gives 670 tok/s
+# there and about 190 on AVX2.
 STAGE_MINUTES ?= 240
 drafter-stage6: $(STAMP)
 	$(BIN)/python -m graft_lab.train --config conf/train/smollm2_mix.yaml --init builtin:smollm2-135m-instruct-eagle3 \
-		--data sharegpt --sharegpt-skip 2199 --lr 1.5e-4 --max-minutes $(STAGE_MINUTES) --max-tokens 6000000 --seed 5 \
+		--data sharegpt --sharegpt-skip 2199 --ttt-steps 5 --lr 5e-5 --max-minutes $(STAGE_MINUTES) --max-tokens 6000000 --seed 5 \
 		--target-dtype auto --autocast auto \
 		--out $(RUNS)/smollm2-eagle3-stage6 --resume --export $(RUNS)/smollm2-eagle3-stage6/export
 
