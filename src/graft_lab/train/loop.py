@@ -198,11 +198,12 @@ def train(cfg: TrainConfig, target: Target, sequences: Sequences, val=(), eval_p
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     ckpt_path, vocab_path = out / "checkpoint.pt", out / "vocab.pt"
-    init_state = read_init(cfg.init) if cfg.init else None
+    resuming = resume and ckpt_path.is_file()  # the run's own checkpoint and vocabulary win over the init's
+    init_state = read_init(cfg.init) if cfg.init and not resuming else None
     torch.manual_seed(cfg.seed)
     if resume and vocab_path.is_file():
         vocab = torch.load(vocab_path)
-    elif cfg.init:
+    elif init_state is not None:
         vocab = init_state["vocab"]
         atomic_save(vocab, vocab_path)
     else:
@@ -220,7 +221,7 @@ def train(cfg: TrainConfig, target: Target, sequences: Sequences, val=(), eval_p
     t2d_index = torch.full((target.vocab_size,), -1, dtype=torch.long)
     t2d_index[keep] = torch.arange(keep.numel())
     net = build_drafter(target, keep, cfg.head_init, cfg.seed)
-    if cfg.init and not (resume and ckpt_path.is_file()):
+    if init_state is not None:
         net.load_state_dict(init_state["model"])
         print(f"[train] initialised from {cfg.init}", flush=True)
     net.train()
