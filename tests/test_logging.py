@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 from pathlib import Path
 
 import pytest
@@ -27,6 +28,8 @@ def wandb_records(path: Path):
             pos += BLOCK - pos % BLOCK
             continue
         _, length, kind = struct.unpack("<IHB", data[pos : pos + HEADER])
+        if pos + HEADER + length > len(data):  # a chunk still being written
+            return
         buf = (b"" if kind in (1, 2) else buf) + data[pos + HEADER : pos + HEADER + length]
         pos += HEADER + length
         if kind in (1, 4):  # FULL or LAST
@@ -35,10 +38,23 @@ def wandb_records(path: Path):
             yield rec
 
 
+def complete_log(run_dir: Path, timeout: float = 60.0) -> list:
+    """The records of an offline run once its log ends with the exit record. `run.finish()` only informs
+    wandb-core that the run is done; the core closes the log, and writes its last block, a moment later
+    (CI once read the log before that and found no summary)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        records = list(wandb_records(next(run_dir.glob("run-*.wandb"))))
+        if records and records[-1].WhichOneof("record_type") == "exit":
+            return records
+        assert time.monotonic() < deadline, f"{run_dir}: no exit record after {timeout:.0f} s"
+        time.sleep(0.1)
+
+
 def logged(run_dir: Path) -> tuple[dict, dict]:
     """(summary, config) as the offline run recorded them."""
     summary, config = {}, {}
-    for rec in wandb_records(next(run_dir.glob("run-*.wandb"))):
+    for rec in complete_log(run_dir):
         kind = rec.WhichOneof("record_type")
         if kind == "summary":
             summary.update({i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in rec.summary.update})
