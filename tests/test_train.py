@@ -18,7 +18,7 @@ from graft_lab.retrievers.base import NoRetriever
 from graft_lab.data.json_stream import stream_json_array
 from graft_lab.train.loop import TrainConfig, export, train
 from graft_lab.train.ttt import ttt_forward, ttt_loss
-from graft_lab.train.vocab import coverage, draft_vocab, maps
+from graft_lab.train.vocab import coverage, draft_vocab, grow, grow_head, maps
 from graft_lab.verify import SamplingParams
 from tiny import hf_greedy, tiny_eagle3, tiny_target
 
@@ -70,6 +70,16 @@ def test_ttt_loss_masks_and_labels():
     assert [s[3] for s in stats] == [10, 9, 8]  # step j predicts x_{i+j+2}: fewer labels inside the sequence
     loss_h, _ = ttt_loss(net, ids, mask, aux, emb, logits, t2d_index, 3, "hard")
     assert loss_h.isfinite()
+    # agreement over the full vocabulary: a position whose target token is outside the draft vocab is a miss
+    assert [s[4] for s in stats] == [s[1] for s in stats]
+    for inside in (torch.ones(t, dtype=torch.bool), torch.zeros(t, dtype=torch.bool), torch.arange(t) % 2 == 0):
+        _, st = ttt_loss(net, ids, mask, aux, emb, logits, t2d_index, 3, "soft", top_in_vocab=inside)
+        assert [s[1] for s in st] == [s[1] for s in stats] and all(s[4] <= s[1] for s in st)
+        assert [s[4] for s in st] == ([s[1] for s in stats] if inside.all() else [0, 0, 0] if not inside.any()
+                                      else [s[4] for s in st])
+    _, odd = ttt_loss(net, ids, mask, aux, emb, logits, t2d_index, 3, "soft", top_in_vocab=torch.arange(t) % 2 == 1)
+    _, even = ttt_loss(net, ids, mask, aux, emb, logits, t2d_index, 3, "soft", top_in_vocab=torch.arange(t) % 2 == 0)
+    assert [a[4] + b[4] for a, b in zip(odd, even)] == [s[1] for s in stats]  # each position counted once
 
 
 def test_stream_json_array_survives_truncation(tmp_path):
@@ -89,6 +99,35 @@ def test_draft_vocab_and_maps():
     assert (torch.arange(3) + d2t).tolist() == keep.tolist()
     assert t2d.tolist() == [False, True, True, False, True, False]
     assert coverage(counts, keep) == pytest.approx(16 / 22)
+
+
+def test_grow_vocab_keeps_the_trained_rows_and_maps_the_new_ones():
+    counts = torch.tensor([5, 0, 9, 1, 7, 0, 3, 2])
+    keep = torch.tensor([1, 4])
+    assert grow(keep, counts, 4).tolist() == [0, 1, 2, 4]  # keep (1, 4), then the most frequent others (2, 0)
+    with pytest.raises(ValueError, match="drop tokens"):
+        grow(keep, counts, 1)
+    g = torch.Generator().manual_seed(0)
+    head = torch.randn(8, 5, generator=g)  # the target's output rows [V, H]
+    a, b = torch.randn(5, 5, generator=g), torch.randn(5, generator=g)
+    keep = torch.tensor([0, 2, 3, 5, 6, 7])  # more trained rows than the map's 6 parameters per output
+    state = {"lm_head.weight": head[keep] @ a + b, "fc.weight": torch.ones(1)}
+    grown = grow_head(state, keep, torch.arange(8), head, ridge=1e-9)
+    torch.testing.assert_close(grown["lm_head.weight"][keep], state["lm_head.weight"])  # trained rows kept as they are
+    torch.testing.assert_close(grown["lm_head.weight"][[1, 4]], head[[1, 4]] @ a + b, atol=1e-4, rtol=1e-4)
+    assert grown["t2d"].all() and grown["d2t"].eq(0).all() and grown["fc.weight"] is state["fc.weight"]
+
+
+def test_coverage_is_the_share_of_wanted_tokens_inside_each_vocab():
+    from graft_lab.train.coverage import covered, teacher_forced
+
+    rows = covered({"a": torch.tensor([0, 1, 1, 5]), "b": torch.tensor([4])},
+                   {2: torch.tensor([0, 1]), 3: torch.tensor([0, 1, 5])}, 6)
+    assert rows == {"a": {"tokens": 4, 2: 0.75, 3: 1.0}, "b": {"tokens": 1, 2: 0.0, 3: 0.0}}
+    target = tiny_target()
+    ids, mask = torch.randint(3, 96, (12,)), torch.arange(12) >= 5
+    want = teacher_forced(target.model, ids, mask)
+    assert want.tolist() == target.model(ids[None]).logits[0, 4:11].argmax(-1).tolist()
 
 
 def _sequences(seed=0, n=40, t=48):
@@ -136,6 +175,22 @@ def test_train_resume_export_and_lossless_decode(tmp_path):
         gen = generate(target, Method(drafter, NoPruner(), NoRetriever(), graft_root, 12), prompt,
                        SamplingParams(), StopRule(max_new_tokens=24))
         assert gen.tokens == hf_greedy(target.model, prompt, 24)
+    # a later stage grows the draft vocab: the drafter's scores of its old tokens are unchanged at the start
+    grown = TrainConfig(**{**cfg.__dict__, "out": str(tmp_path / "grown"), "init": str(tmp_path / "run"),
+                           "grow_vocab": 80, "lr": 0.0, "max_tokens": 100})
+    big = train(grown, target, sequences, eos_ids=(2,))
+    vocab = torch.load(tmp_path / "grown" / "vocab.pt")
+    small_keep = torch.load(tmp_path / "run" / "vocab.pt")["keep"]
+    assert vocab["keep"].numel() == 80 and vocab["grown_from"] == 64 and torch.isin(small_keep, vocab["keep"]).all()
+    h = torch.randn(3, target.hidden_size)
+    old_rows = torch.searchsorted(vocab["keep"], small_keep)
+    with torch.no_grad():
+        torch.testing.assert_close(big.logits(h)[:, old_rows], net.logits(h))
+    drafter = build_eagle3(Eagle3Options(path=str(export(big, tmp_path / "big", target, dtype=torch.float32)),
+                                         depth=3, top_k=2), target)
+    gen = generate(target, Method(drafter, NoPruner(), NoRetriever(), graft_root, 8), data[9][0][:9],
+                   SamplingParams(), StopRule(max_new_tokens=16))
+    assert gen.tokens == hf_greedy(target.model, data[9][0][:9], 16)
 
 
 def test_regenerate_then_train_from_a_run(tmp_path):

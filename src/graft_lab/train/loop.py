@@ -19,7 +19,7 @@ from ..drafters.eagle3_model import Eagle3Model
 from ..models.target import Target
 from .features import target_features
 from .ttt import ttt_loss
-from .vocab import count_labels, coverage, draft_vocab, maps
+from .vocab import count_labels, coverage, draft_vocab, grow, grow_head, maps
 
 Sequences = Callable[[int], Iterator[tuple[int, torch.Tensor, torch.Tensor]]]  # skip -> (position, ids, mask)
 
@@ -47,6 +47,8 @@ class TrainConfig:
     seed: int = 0
     init: str = ""  # a run directory or an exported drafter (builtin:NAME) whose weights and draft vocab start this
     # run (fresh optimizer and schedule)
+    grow_vocab: int = 0  # with init: grow its draft vocab to this many tokens, adding the most frequent labels of the
+    # first vocab_sequences (new lm_head rows mapped from the target's: vocab.grow_head); 0: keep it as it is
     ckpt_every: int = 50  # optimizer steps
     log_every: int = 10
     eval_every_tokens: int = 1_000_000  # tau learning curve; 0: only at the end
@@ -177,17 +179,18 @@ def append_jsonl(path: Path, row: dict) -> None:
 def validate(net, target, val, keep, t2d_index, cfg) -> dict:
     """Per-step loss and top-1 agreement with the target (and with the data token) on held-out sequences."""
     net.eval()
-    agg = [[0.0, 0, 0, 0] for _ in range(cfg.ttt_steps)]
+    agg = [[0.0, 0, 0, 0, 0] for _ in range(cfg.ttt_steps)]
     for ids, mask in val:
-        f = target_features(target, ids, keep)
+        f = target_features(target, ids, keep, full=True)
         _, stats = ttt_loss(net, ids, mask, f.aux, f.embeds, f.draft_logits, t2d_index, cfg.ttt_steps,
-                            cfg.labels, cfg.decay, cfg.autocast)
+                            cfg.labels, cfg.decay, cfg.autocast, top_in_vocab=f.top_in_vocab)
         for a, s in zip(agg, stats or []):
-            for i in range(4):
+            for i in range(5):
                 a[i] += s[i]
     net.train()
     return {"val_loss": [round(a[0] / max(a[3], 1), 4) for a in agg],
             "val_acc": [round(a[1] / max(a[3], 1), 4) for a in agg],
+            "val_acc_full": [round(a[4] / max(a[3], 1), 4) for a in agg],
             "val_acc_data": [round(a[2] / max(a[3], 1), 4) for a in agg]}
 
 
@@ -201,17 +204,27 @@ def train(cfg: TrainConfig, target: Target, sequences: Sequences, val=(), eval_p
     resuming = resume and ckpt_path.is_file()  # the run's own checkpoint and vocabulary win over the init's
     init_state = read_init(cfg.init) if cfg.init and not resuming else None
     torch.manual_seed(cfg.seed)
+
+    def label_counts() -> torch.Tensor:
+        return count_labels((s[1:] for _, s in zip(range(cfg.vocab_sequences), sequences(0))), target.vocab_size)
+
+    t0 = time.perf_counter()
     if resume and vocab_path.is_file():
         vocab = torch.load(vocab_path)
+    elif init_state is not None and cfg.grow_vocab > init_state["vocab"]["keep"].numel():
+        counts, small = label_counts(), init_state["vocab"]["keep"]
+        keep = grow(small, counts, cfg.grow_vocab)
+        init_state["model"] = grow_head(init_state["model"], small, keep,
+                                        target.model.get_output_embeddings().weight.detach().float().cpu())
+        vocab = {"keep": keep, "counts": counts, "coverage": coverage(counts, keep), "grown_from": small.numel(),
+                 "seconds": time.perf_counter() - t0}
+        atomic_save(vocab, vocab_path)
     elif init_state is not None:
         vocab = init_state["vocab"]
         atomic_save(vocab, vocab_path)
     else:
-        t0 = time.perf_counter()
-        it = sequences(0)
-        counts = count_labels((s[1:] for _, s in zip(range(cfg.vocab_sequences), it)), target.vocab_size)
-        always = tuple(i for i in eos_ids if i is not None)
-        keep = draft_vocab(counts, cfg.draft_vocab, always)
+        counts = label_counts()
+        keep = draft_vocab(counts, cfg.draft_vocab, tuple(i for i in eos_ids if i is not None))
         vocab = {"keep": keep, "counts": counts, "coverage": coverage(counts, keep),
                  "seconds": time.perf_counter() - t0}
         atomic_save(vocab, vocab_path)
@@ -271,7 +284,7 @@ def train(cfg: TrainConfig, target: Target, sequences: Sequences, val=(), eval_p
     t_start = time.perf_counter()
     t_last = t_log = t_start
     tok_log = state["tokens"]
-    window = [[0.0, 0, 0, 0] for _ in range(cfg.ttt_steps)]
+    window = [[0.0, 0, 0, 0, 0] for _ in range(cfg.ttt_steps)]
     exhausted = False
     while progress(cfg, state["tokens"], state["wall"]) < 1.0 and not exhausted:
         step_tokens = step_labels = 0
@@ -289,7 +302,7 @@ def train(cfg: TrainConfig, target: Target, sequences: Sequences, val=(), eval_p
             step_tokens += ids.numel()
             step_labels += stats[0][3]
             for a, s in zip(window, stats):
-                for i in range(4):
+                for i in range(5):
                     a[i] += s[i]
         if step_labels == 0:
             break
@@ -318,7 +331,7 @@ def train(cfg: TrainConfig, target: Target, sequences: Sequences, val=(), eval_p
                                     + ",".join(f"{a:.2f}" for a in row["acc"]) + f" {tps:.0f} tok/s")
             else:
                 print(f"[train] {json.dumps(row)}", flush=True)
-            window = [[0.0, 0, 0, 0] for _ in range(cfg.ttt_steps)]
+            window = [[0.0, 0, 0, 0, 0] for _ in range(cfg.ttt_steps)]
             t_log, tok_log = now, state["tokens"]
         if cfg.eval_every_tokens and state["tokens"] >= state["next_eval"]:
             state["next_eval"] += cfg.eval_every_tokens

@@ -66,8 +66,9 @@ def ttt_forward(net: Eagle3Model, aux: torch.Tensor, embeds: torch.Tensor, steps
 
 def step_targets(ids: torch.Tensor, mask: torch.Tensor, tgt_logits: torch.Tensor, n: int, j: int,
                  t2d_index: torch.Tensor):
-    """For step j over anchors 0..n-1: (soft target logits [n, D] or None rows, hard draft labels [n]
-    (-1 when the token is outside the draft vocab), valid [n]). ids, mask: [T]; tgt_logits: [T, D]."""
+    """For step j over anchors 0..n-1: (soft target logits [n, D], hard draft labels [n] (-1 when the token
+    is outside the draft vocab), valid [n], the position [n] whose target prediction is the soft label).
+    ids, mask: [T]; tgt_logits: [T, D]."""
     t = ids.numel()
     lab_pos = torch.arange(n) + j + 2  # position of the predicted token
     ok = lab_pos < t
@@ -75,20 +76,21 @@ def step_targets(ids: torch.Tensor, mask: torch.Tensor, tgt_logits: torch.Tensor
     valid = ok & mask[lab_pos]
     hard = t2d_index[ids[lab_pos]]
     soft = tgt_logits[lab_pos - 1]  # the target's prediction at position i+j+1
-    return soft, hard, valid
+    return soft, hard, valid, lab_pos - 1
 
 
 def ttt_loss(net: Eagle3Model, ids: torch.Tensor, mask: torch.Tensor, aux: torch.Tensor, embeds: torch.Tensor,
              tgt_logits: torch.Tensor, t2d_index: torch.Tensor, steps: int, labels: str = "soft",
              decay: float = 0.8, autocast: bool = False, anchor_frac: float = 1.0,
-             generator: torch.Generator | None = None):
+             generator: torch.Generator | None = None, top_in_vocab: torch.Tensor | None = None):
     """Weighted TTT loss for one sequence (a sum over valid anchors, sum_j decay^j * loss_j / sum_j decay^j;
     the caller divides by its token count) and per-step stats.
 
     ids, mask: [T]; aux: [T, 3H]; embeds: [T, H]; tgt_logits: [T, D]; t2d_index: [V] draft id or -1.
     Steps >= 1 run only from anchors whose step-0 label is trained, a random `anchor_frac` of them.
-    Returns (loss, stats) where stats[j] = (loss sum, correct vs the target's top-1, correct vs the data
-    token, counted) over valid anchors of step j."""
+    Returns (loss, stats) where stats[j] = (loss sum, correct vs the target's top-1 within the draft vocab,
+    correct vs the data token, counted, correct vs the target's full-vocabulary top-1) over valid anchors of
+    step j. The last needs `top_in_vocab` ([T] bool, Features.top_in_vocab); without it, it is the second."""
     t = ids.numel()
     n = t - 2  # anchors with at least the step-0 label inside the sequence
     if n < 1:
@@ -105,12 +107,12 @@ def ttt_loss(net: Eagle3Model, ids: torch.Tensor, mask: torch.Tensor, aux: torch
     weight = 0.0
     stats = []
     for j, h in enumerate(outs):
-        soft, hard, valid = step_targets(ids, mask, tgt_logits, n, j, t2d_index)
+        soft, hard, valid, src = step_targets(ids, mask, tgt_logits, n, j, t2d_index)
         if j > 0:
-            soft, hard, valid = soft[sel], hard[sel], valid[sel]
+            soft, hard, valid, src = soft[sel], hard[sel], valid[sel], src[sel]
         cnt = int(valid.sum())
         if cnt == 0:
-            stats.append((0.0, 0, 0, 0))
+            stats.append((0.0, 0, 0, 0, 0))
             continue
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
             logits = net.logits(h[0][valid])
@@ -126,5 +128,7 @@ def ttt_loss(net: Eagle3Model, ids: torch.Tensor, mask: torch.Tensor, aux: torch
         w = decay**j
         total = total + w * lj
         weight += w
-        stats.append((float(lj.detach()), int((pred == tsoft.argmax(-1)).sum()), int((pred == thard).sum()), cnt))
+        agree = pred == tsoft.argmax(-1)
+        full = agree if top_in_vocab is None else agree & top_in_vocab[src[valid]]
+        stats.append((float(lj.detach()), int(agree.sum()), int((pred == thard).sum()), cnt, int(full.sum())))
     return total / max(weight, 1e-9), stats

@@ -32,3 +32,34 @@ def maps(keep: torch.Tensor, vocab_size: int) -> tuple[torch.Tensor, torch.Tenso
 
 def coverage(counts: torch.Tensor, keep: torch.Tensor) -> float:
     return float(counts[keep].sum()) / max(1, int(counts.sum()))
+
+
+def grow(keep: torch.Tensor, counts: torch.Tensor, size: int) -> torch.Tensor:
+    """Sorted target ids [size]: every id of `keep`, then the most frequent others (ties by id)."""
+    if size < keep.numel():
+        raise ValueError(f"cannot grow a {keep.numel()}-token draft vocab to {size}: it would drop tokens")
+    score = counts.double().clone()
+    score[keep] = float("inf")
+    return draft_vocab(score, size)
+
+
+def grow_head(state: dict, keep: torch.Tensor, new_keep: torch.Tensor, target_head: torch.Tensor,
+              ridge: float = 1.0) -> dict:
+    """A drafter state dict over `keep` rewritten for the superset `new_keep`; d2t / t2d follow.
+
+    The trained lm_head rows stay with their tokens. A trained drafter's rows are not the target's (their
+    cosine is about 0 for the shipped one), so each new token's row is the target's own output row
+    (target_head [V, H]) sent through the affine map that best turns the target's rows of `keep` into the
+    trained rows (ridge least squares). Such rows lower the loss at once and never win an argmax untrained."""
+    old = state["lm_head.weight"]  # [D, H]
+    x = torch.cat([target_head[keep].double(), target_head.new_ones(keep.numel(), 1).double()], 1)  # [D, H+1]
+    w = torch.linalg.solve(x.T @ x + ridge * torch.eye(x.shape[1], dtype=x.dtype), x.T @ old.double())  # [H+1, H]
+    pos = torch.searchsorted(new_keep, keep)
+    fresh = torch.ones(new_keep.numel(), dtype=torch.bool)
+    fresh[pos] = False
+    rows = torch.empty(new_keep.numel(), old.shape[1], dtype=old.dtype)
+    rows[pos] = old
+    new = target_head[new_keep[fresh]].double()
+    rows[fresh] = (torch.cat([new, new.new_ones(new.shape[0], 1)], 1) @ w).to(old.dtype)
+    d2t, t2d = maps(new_keep, target_head.shape[0])
+    return {**state, "lm_head.weight": rows, "d2t": d2t, "t2d": t2d}
