@@ -105,8 +105,9 @@ def test_grow_vocab_keeps_the_trained_rows_and_maps_the_new_ones():
     counts = torch.tensor([5, 0, 9, 1, 7, 0, 3, 2])
     keep = torch.tensor([1, 4])
     assert grow(keep, counts, 4).tolist() == [0, 1, 2, 4]  # keep (1, 4), then the most frequent others (2, 0)
-    with pytest.raises(ValueError, match="drop tokens"):
-        grow(keep, counts, 1)
+    for size in (1, 9):  # fewer tokens than it has, more than the target has
+        with pytest.raises(ValueError, match="give a size from 2 to the target's 8"):
+            grow(keep, counts, size)
     g = torch.Generator().manual_seed(0)
     head = torch.randn(8, 5, generator=g)  # the target's output rows [V, H]
     a, b = torch.randn(5, 5, generator=g), torch.randn(5, generator=g)
@@ -116,6 +117,13 @@ def test_grow_vocab_keeps_the_trained_rows_and_maps_the_new_ones():
     torch.testing.assert_close(grown["lm_head.weight"][keep], state["lm_head.weight"])  # trained rows kept as they are
     torch.testing.assert_close(grown["lm_head.weight"][[1, 4]], head[[1, 4]] @ a + b, atol=1e-4, rtol=1e-4)
     assert grown["t2d"].all() and grown["d2t"].eq(0).all() and grown["fc.weight"] is state["fc.weight"]
+
+
+def test_grow_vocab_without_an_init_is_a_one_line_error():
+    from graft_lab.train.__main__ import main
+
+    with pytest.raises(SystemExit, match="give --init too"):
+        main(["--grow-vocab", "16384"])
 
 
 def test_coverage_is_the_share_of_wanted_tokens_inside_each_vocab():

@@ -99,6 +99,8 @@ def main(argv=None) -> None:
     for d in args.data:
         if d != "sharegpt" and not Path(d).is_file():
             raise SystemExit(f"--data: {d} is neither 'sharegpt' nor a file (write one with python -m graft_lab.train.regenerate)")
+    if args.grow_vocab and not args.init:
+        raise SystemExit("--grow-vocab grows the draft vocab of the --init drafter: give --init too")
     if args.threads:
         torch.set_num_threads(args.threads)
     if "auto" in (args.target_dtype, args.autocast):

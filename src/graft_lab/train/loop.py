@@ -201,6 +201,8 @@ def train(cfg: TrainConfig, target: Target, sequences: Sequences, val=(), eval_p
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     ckpt_path, vocab_path = out / "checkpoint.pt", out / "vocab.pt"
+    if cfg.grow_vocab and not cfg.init:
+        raise ValueError("grow_vocab grows the draft vocab of the init drafter: give init too (or draft_vocab alone)")
     resuming = resume and ckpt_path.is_file()  # the run's own checkpoint and vocabulary win over the init's
     init_state = read_init(cfg.init) if cfg.init and not resuming else None
     torch.manual_seed(cfg.seed)
@@ -211,7 +213,7 @@ def train(cfg: TrainConfig, target: Target, sequences: Sequences, val=(), eval_p
     t0 = time.perf_counter()
     if resume and vocab_path.is_file():
         vocab = torch.load(vocab_path)
-    elif init_state is not None and cfg.grow_vocab > init_state["vocab"]["keep"].numel():
+    elif init_state is not None and cfg.grow_vocab:
         counts, small = label_counts(), init_state["vocab"]["keep"]
         keep = grow(small, counts, cfg.grow_vocab)
         init_state["model"] = grow_head(init_state["model"], small, keep,

@@ -36,8 +36,9 @@ def coverage(counts: torch.Tensor, keep: torch.Tensor) -> float:
 
 def grow(keep: torch.Tensor, counts: torch.Tensor, size: int) -> torch.Tensor:
     """Sorted target ids [size]: every id of `keep`, then the most frequent others (ties by id)."""
-    if size < keep.numel():
-        raise ValueError(f"cannot grow a {keep.numel()}-token draft vocab to {size}: it would drop tokens")
+    if not keep.numel() <= size <= counts.numel():
+        raise ValueError(f"cannot grow a {keep.numel()}-token draft vocab to {size} tokens: give a size from "
+                         f"{keep.numel()} to the target's {counts.numel()}")
     score = counts.double().clone()
     score[keep] = float("inf")
     return draft_vocab(score, size)
