@@ -32,5 +32,5 @@ def target_features(target: Target, ids: torch.Tensor, draft_ids: torch.Tensor, 
     if full:
         in_vocab = torch.zeros(target.vocab_size, dtype=torch.bool, device=target.device)
         in_vocab[draft_ids.to(target.device)] = True
-        top_in_vocab = in_vocab[target.model.lm_head(out.last_hidden_state[0]).argmax(-1)].cpu()
+        top_in_vocab = in_vocab[target.model.get_output_embeddings()(out.last_hidden_state[0]).argmax(-1)].cpu()
     return Features(ids, aux, logits, embeds, top_in_vocab)
