@@ -230,18 +230,23 @@ def test_a_drafter_in_another_dtype_is_lossless(arch, dtype):
     assert longest >= 3
 
 
-def test_draft_ops_table_lists_the_level_ops(tmp_path, capsys):
-    """benchmarks/draft_ops.py: per further level, every op's share of the op time and its calls."""
+@pytest.mark.parametrize("linear, op", [("torch", "aten::mm"), ("onednn", "mkldnn::_linear_pointwise")])
+def test_draft_ops_table_lists_the_level_ops(tmp_path, capsys, linear, op):
+    """benchmarks/draft_ops.py: per further level, every op's share of the op time and its calls. The linear
+    kernel is named, not `auto`, which picks oneDNN's packed GEMM for bf16 only on CPUs that support it."""
     from benchmarks.draft_ops import main
+    from graft_lab.models.linear import onednn_supports
     from graft_lab.models.target import Target, load_model
 
+    if linear == "onednn" and not onednn_supports(torch.bfloat16, torch.device("cpu")):
+        pytest.skip("oneDNN cannot pack bf16 weights on this CPU")
     model = "random:llama?seed=0&hidden=64&layers=4"
     path = write_eagle3(Target(*load_model(model)), tmp_path / "d")
     assert main(["--model", model, "--drafter", str(path), "--depth", "3", "--top-k", "2", "--repeats", "2",
-                 "--drafter-dtype", "bfloat16", "--rows", "1000"]) == 0
+                 "--drafter-dtype", "bfloat16", "--rows", "1000", "--linear", linear]) == 0
     out = capsys.readouterr().out.splitlines()
     rows = {line.split()[0]: [float(x) for x in line.split()[1:]] for line in out[3:] if line.strip()}
-    assert "(bfloat16)" in out[0] and "aten::mm" in rows
-    assert rows["aten::mm"][1] == 8.0  # fc is skipped after level 0: q, k, v, o, gate, up, down, head
+    assert "(bfloat16)" in out[0] and f"linear {linear}," in out[0] and op in rows
+    assert rows[op][1] == 8.0  # fc is skipped after level 0: q, k, v, o, gate, up, down, head
     # each share is printed to 0.1: the printed sum is 100 within half that per row
     assert sum(share for share, _ in rows.values()) == pytest.approx(100, abs=0.05 * len(rows) + 1e-6)
