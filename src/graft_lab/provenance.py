@@ -1,7 +1,8 @@
 """What makes every number traceable: the resolved config, its hash, the git commit, package versions.
 
-The config hash covers what was measured: the config (less where results go), the method's name and the
-content hash of the questions decoded, so a dataset file edited under the same path is a new run."""
+The config hash covers what was measured: the config (less where results go), the method's name, the content
+hash of the questions decoded, and that of a local or shipped drafter checkpoint, so a dataset file edited or a
+drafter retrained under the same path is a new run."""
 
 from __future__ import annotations
 
@@ -27,9 +28,27 @@ def resolved(cfg: DictConfig) -> dict[str, Any]:
     return data
 
 
+def drafter_hash(config: dict[str, Any]) -> str | None:
+    """Content hash of the drafter checkpoint's files when `drafter.path` is `builtin:NAME` or a local directory;
+    None otherwise (no drafter, or a hub id: the config names that one, and hashing it would need the network)."""
+    from .drafters.eagle3_checkpoint import ASSETS, BUILTIN
+
+    path = (config.get("drafter") or {}).get("path")
+    if not isinstance(path, str):
+        return None
+    ckpt = ASSETS / path.removeprefix(BUILTIN) if path.startswith(BUILTIN) else Path(path).expanduser()
+    files = sorted(ckpt.glob("*.safetensors")) + sorted(ckpt.glob("*.json")) if ckpt.is_dir() else []
+    if not files:
+        return None
+    digest = hashlib.sha256()
+    for f in files:
+        digest.update(f.name.encode() + b"\0" + f.read_bytes())
+    return digest.hexdigest()[:16]
+
+
 def config_hash(config: dict[str, Any], dataset_hash: str | None = None) -> str:
     kept = {k: v for k, v in config.items() if k not in NOT_HASHED}
-    kept.update(dataset_hash=dataset_hash, method=method_label(config))
+    kept.update(dataset_hash=dataset_hash, method=method_label(config), drafter_hash=drafter_hash(config))
     return hashlib.sha256(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -57,4 +76,5 @@ def versions() -> dict[str, str]:
 def metadata(cfg: DictConfig, dataset_hash: str | None = None) -> dict[str, Any]:
     config = resolved(cfg)
     return {"config": config, "config_hash": config_hash(config, dataset_hash), "dataset_hash": dataset_hash,
+            "drafter_hash": drafter_hash(config),
             "method": method_label(config), "git_commit": git_commit(), "versions": versions()}

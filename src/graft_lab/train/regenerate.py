@@ -3,8 +3,9 @@ decoding time (the target's own greedy continuations), not on another model's an
 
     python -m graft_lab.train.regenerate --out runs/regen.jsonl --minutes 40
 
-Prompts are ShareGPT first user turns after the validation conversations, or the first turns of a question.jsonl
-file (`--prompts FILE`); any that overlap an evaluation prompt are left out. Replies are greedy, batched with
+Prompts are ShareGPT first user turns after the validation conversations (or from source index `--start`, for
+prompts an earlier file did not reach), or the first turns of a question.jsonl file (`--prompts FILE`); any that
+overlap an evaluation prompt are left out. Replies are greedy, batched with
 left padding and sorted by prompt length. Each line is {"index", "messages", "complete"}; `complete` is false
 when the reply hit --max-new-tokens without an end of turn, so its last token is not an end-of-turn label.
 The file is appended to and a rerun resumes after its last index.
@@ -85,6 +86,9 @@ def main(argv=None) -> None:
     ap.add_argument("--prompts", default="sharegpt",
                     help="sharegpt (its first user turns), or a question.jsonl file whose first turns are the prompts")
     ap.add_argument("--heldout", type=int, default=HELDOUT, help="usable conversations the trainer holds out: skipped")
+    ap.add_argument("--start", type=int, default=0,
+                    help="first source index to read (ShareGPT entry or question.jsonl line), e.g. where an earlier "
+                         "file stopped; a resumed file continues after its own last index")
     ap.add_argument("--max-prompt-tokens", type=int, default=192)
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--batch", type=int, default=64)
@@ -96,6 +100,8 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     if args.batch < 1 or args.max_new_tokens < 1:
         ap.error("--batch and --max-new-tokens must be at least 1")
+    if args.start < 0:
+        ap.error("--start must be a source index >= 0")
     source = None if args.prompts == "sharegpt" else Path(args.prompts)
     if source is not None and not source.is_file():
         ap.error(f"--prompts: {source} is neither 'sharegpt' nor a question.jsonl file")
@@ -106,7 +112,7 @@ def main(argv=None) -> None:
     model, tok = load_model(args.target, dtype=args.dtype)
     tok.padding_side = "left"
     done, last = written(out)
-    skip = max(heldout_end(args.heldout) if source is None else 0, last + 1)
+    skip = max(heldout_end(args.heldout) if source is None else 0, args.start, last + 1)
     stream = prompts(tok, skip, args.max_prompt_tokens, build_index(), source)
     from tqdm import tqdm
 
