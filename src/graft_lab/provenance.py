@@ -31,13 +31,11 @@ def resolved(cfg: DictConfig) -> dict[str, Any]:
 def drafter_hash(config: dict[str, Any]) -> str | None:
     """Content hash of the drafter checkpoint's files when `drafter.path` is `builtin:NAME` or a local directory;
     None otherwise (no drafter, or a hub id: the config names that one, and hashing it would need the network)."""
-    from .drafters.eagle3_checkpoint import ASSETS, BUILTIN
+    from .drafters.eagle3_checkpoint import local_checkpoint
 
     path = (config.get("drafter") or {}).get("path")
-    if not isinstance(path, str):
-        return None
-    ckpt = ASSETS / path.removeprefix(BUILTIN) if path.startswith(BUILTIN) else Path(path).expanduser()
-    files = sorted(ckpt.glob("*.safetensors")) + sorted(ckpt.glob("*.json")) if ckpt.is_dir() else []
+    ckpt = local_checkpoint(path) if isinstance(path, str) else None
+    files = sorted(ckpt.glob("*.safetensors")) + sorted(ckpt.glob("*.json")) if ckpt is not None else []
     if not files:
         return None
     digest = hashlib.sha256()

@@ -29,17 +29,23 @@ BUILTIN = "builtin:"
 ASSETS = Path(__file__).resolve().parent.parent / "assets" / "drafters"
 
 
-def resolve_checkpoint(path: str) -> Path:
-    """`builtin:NAME` (shipped with the package), a local directory, or a hub id fetched when reachable."""
+def local_checkpoint(path: str) -> Path | None:
+    """The directory of a `builtin:NAME` or local checkpoint, without touching the network; None for a hub id or
+    a builtin name that is not shipped."""
     if path.startswith(BUILTIN):
         p = ASSETS / path.removeprefix(BUILTIN)
-        if not (p / "config.json").is_file():
-            known = sorted(d.name for d in ASSETS.iterdir()) if ASSETS.is_dir() else []
-            raise ModelLoadError(f"no shipped drafter '{path}'; shipped: {', '.join(known) or 'none'}")
-        return p
+        return p if (p / "config.json").is_file() else None
     p = Path(path).expanduser()
-    if p.is_dir():
-        return p
+    return p if p.is_dir() else None
+
+
+def resolve_checkpoint(path: str) -> Path:
+    """`builtin:NAME` (shipped with the package), a local directory, or a hub id fetched when reachable."""
+    if (local := local_checkpoint(path)) is not None:
+        return local
+    if path.startswith(BUILTIN):
+        known = sorted(d.name for d in ASSETS.iterdir()) if ASSETS.is_dir() else []
+        raise ModelLoadError(f"no shipped drafter '{path}'; shipped: {', '.join(known) or 'none'}")
     if path.startswith(("/", "./", "../", "~")) or path.count("/") != 1:
         raise ModelLoadError(f"drafter checkpoint {path} does not exist")
     try:
