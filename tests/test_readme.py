@@ -60,3 +60,24 @@ def test_readme_command(command, tmp_path):
     if method == "ar":
         assert summary["tau"] == 1.0 and "1.00" in out
     assert summary["matches_baseline"] is True
+
+
+def drafter_recipe() -> list[list[str]]:
+    """`make drafter`'s commands, with the Makefile's variables expanded (RUNS=runs, as a user runs it)."""
+    text = (ROOT / "Makefile").read_text()
+    values = dict(re.findall(r"^(\w+)\s*[:?]?=[ \t]*(.*?)\s*$", text, re.M)) | {"RUNS": "runs", "BIN": "<bin>"}
+    body = text.split("\ndrafter: $(STAMP)\n", 1)[1].split("\n\n", 1)[0].replace("\\\n", " ")
+    for _ in range(3):  # variables name variables
+        body = re.sub(r"\$\((\w+)\)", lambda m: values[m.group(1)], body)
+    return [shlex.split(line.replace("<bin>/python", "python")) for line in body.splitlines() if line.strip()]
+
+
+def test_the_model_cards_reproduce_block_is_make_drafters_recipe():
+    card = (SHIPPED / "MODEL_CARD.md").read_text()
+    block = card.split("## Reproduce", 1)[1].split("```bash", 1)[1].split("```", 1)[0].replace("\\\n", " ")
+    steps = [shlex.split(line.split("# stage")[0]) for line in block.splitlines() if line.strip()]
+    recipe = drafter_recipe()
+    assert len(recipe) >= 9 and recipe[0][:3] == ["python", "-m", "graft_lab.train"]
+    assert steps == recipe
+    words = "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen".split()
+    assert f"`make drafter` runs the {words[len(recipe)]} steps below" in " ".join(card.split())

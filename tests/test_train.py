@@ -361,3 +361,15 @@ def test_regenerate_reads_a_question_file_and_leaves_evaluation_prompts_out(tmp_
         regen_main(["--out", str(out), "--prompts", str(tmp_path / "missing.jsonl")])
     with pytest.raises(SystemExit):
         regen_main(common[2:] + ["--out", str(later), "--start", "-1"])
+    from graft_lab.models.target import load_model
+    from graft_lab.train.regenerate import prompts
+
+    _, tok = load_model("random:llama?seed=0&hidden=64&layers=4", dtype="float32")
+    lengths = {idx: n for idx, _, n in prompts(tok, 0, 1000, None, questions)}  # all four: no screen
+    cut = min(lengths[i] for i in (0, 2, 3))  # --min-prompt-tokens: the longer prompts only (a next stage's pool)
+    longer = tmp_path / "longer.jsonl"
+    regen_main(common[2:] + ["--out", str(longer), "--min-prompt-tokens", str(cut)])
+    kept = [i for i in (0, 2, 3) if lengths[i] > cut]
+    assert 0 < len(kept) < 3 and [json.loads(line)["index"] for line in longer.read_text().splitlines()] == kept
+    with pytest.raises(SystemExit):
+        regen_main(common[2:] + ["--out", str(longer), "--min-prompt-tokens", "192"])  # not below the maximum

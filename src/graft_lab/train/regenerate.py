@@ -50,15 +50,16 @@ def question_file(path: Path, skip: int = 0) -> Iterator[tuple[int, list[dict]]]
 
 
 def prompts(tokenizer, skip: int, max_prompt_tokens: int, screen: EvalIndex | None = None,
-            source: Path | None = None) -> Iterator[tuple[int, list[dict], int]]:
-    """(source index, [first user turn], prompt length) for prompts that fit, from index `skip`: ShareGPT's, or
-    those of a question.jsonl `source`. Prompts that overlap an evaluation prompt in `screen` are left out."""
+            source: Path | None = None, min_prompt_tokens: int = 0) -> Iterator[tuple[int, list[dict], int]]:
+    """(source index, [first user turn], prompt length) for prompts of more than `min_prompt_tokens` and at most
+    `max_prompt_tokens` tokens, from index `skip`: ShareGPT's, or those of a question.jsonl `source`. Prompts that
+    overlap an evaluation prompt in `screen` are left out."""
     for idx, msgs in sharegpt_conversations(skip=skip) if source is None else question_file(source, skip):
         first = msgs[:1]
         if not first[0]["content"] or (screen is not None and screen.conversation(first)):
             continue
         n = len(tokenizer.apply_chat_template(first, add_generation_prompt=True, tokenize=True, return_dict=False))
-        if n <= max_prompt_tokens:
+        if min_prompt_tokens < n <= max_prompt_tokens:
             yield idx, first, n
 
 
@@ -90,6 +91,9 @@ def main(argv=None) -> None:
                     help="first source index to read (ShareGPT entry or question.jsonl line), e.g. where an earlier "
                          "file stopped; a resumed file continues after its own last index")
     ap.add_argument("--max-prompt-tokens", type=int, default=192)
+    ap.add_argument("--min-prompt-tokens", type=int, default=0,
+                    help="leave out prompts of this many tokens or fewer, e.g. the ones an earlier file with "
+                         "--max-prompt-tokens N already holds (--min-prompt-tokens N)")
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--sort-window", type=int, default=8, help="batches sorted together by prompt length")
@@ -102,6 +106,8 @@ def main(argv=None) -> None:
         ap.error("--batch and --max-new-tokens must be at least 1")
     if args.start < 0:
         ap.error("--start must be a source index >= 0")
+    if not 0 <= args.min_prompt_tokens < args.max_prompt_tokens:
+        ap.error("--min-prompt-tokens must be >= 0 and below --max-prompt-tokens")
     source = None if args.prompts == "sharegpt" else Path(args.prompts)
     if source is not None and not source.is_file():
         ap.error(f"--prompts: {source} is neither 'sharegpt' nor a question.jsonl file")
@@ -113,7 +119,7 @@ def main(argv=None) -> None:
     tok.padding_side = "left"
     done, last = written(out)
     skip = max(heldout_end(args.heldout) if source is None else 0, args.start, last + 1)
-    stream = prompts(tok, skip, args.max_prompt_tokens, build_index(), source)
+    stream = prompts(tok, skip, args.max_prompt_tokens, build_index(), source, args.min_prompt_tokens)
     from tqdm import tqdm
 
     bar = tqdm(unit="reply", dynamic_ncols=True, mininterval=5)

@@ -1,0 +1,94 @@
+"""Training prompt sets (`graft_lab.train.prompts`): German sentences and English passages are picked out of
+offline text, the sets interleave into a question.jsonl that `regenerate --prompts` reads, and none of their prompts
+overlaps an evaluation prompt."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from graft_lab.data.base import read_question_jsonl
+from graft_lab.train import prompts as P
+from graft_lab.train.decontaminate import SPEC_BENCH, build_index
+from graft_lab.train.regenerate import question_file
+
+GERMAN = "Die Kapazität eines Kondensators hängt von der Fläche der Platten und dem Abstand ab."
+ENGLISH = "The capacity of a capacitor depends on the area of the plates and on the distance between them."
+
+
+def test_german_sentences_are_picked_out_of_mixed_text():
+    text = (f"{ENGLISH} {GERMAN} Sie ist nicht von der Spannung abhängig, die man an den Kondensator anlegt.\n\n"
+            "```python\nder = die = das = 1  # und ist nicht ich sie wir\n```\n\n"
+            "- Das ist ein Listenpunkt mit der Form und einem Inhalt.\n"
+            "die vom Ausland überwiesenen Transfers gebildet und nicht von der Bank.")
+    got = list(P.german_sentences(text))
+    assert got == [GERMAN, "Sie ist nicht von der Spannung abhängig, die man an den Kondensator anlegt.",
+                   "Das ist ein Listenpunkt mit der Form und einem Inhalt."]  # no code, no lower-case fragment
+    assert P.is_german(GERMAN) and not P.is_german(ENGLISH) and not P.is_german("")
+    assert not list(P.german_sentences("Das ist gut."))  # under 5 words
+
+
+def test_exam_rows_give_the_question_and_the_options_that_are_sentences(tmp_path):
+    row = {"input": [{"role": "system", "content": "Answer with the letter."},
+                     {"role": "user", "content": "Wie verändert sich die Kapazität, wenn eine Platte aus Eisen "
+                                                 "zwischen die Platten geschoben wird?\nA. Die Kapazität vermindert "
+                                                 "sich auf null.\nB. Sie verdoppelt sich.\nC. Die Kapazität ändert "
+                                                 "sich nicht, weil das Eisen leitet.\nAnswer:"}], "ideal": "[A]"}
+    path = tmp_path / "samples.jsonl"
+    path.write_text(json.dumps(row, ensure_ascii=False) + "\n\n")
+    assert list(P.exam_sentences(path)) == [
+        "Wie verändert sich die Kapazität, wenn eine Platte aus Eisen zwischen die Platten geschoben wird?",
+        "Die Kapazität vermindert sich auf null.", "Die Kapazität ändert sich nicht, weil das Eisen leitet."]  # "Sie verdoppelt sich." is too short
+
+
+def test_prose_is_english_running_text_of_80_to_350_words():
+    prose = " ".join([ENGLISH] * 6)
+    assert P.is_prose(prose)
+    assert not P.is_prose(" ".join([ENGLISH] * 2))  # too short
+    assert not P.is_prose(prose + "\n```\nprint(1)\n```")
+    assert not P.is_prose("\n".join(f"- {ENGLISH}" for _ in range(6)))  # a list
+    assert not P.is_prose(" ".join([GERMAN] * 7))
+
+
+@pytest.fixture(scope="module")
+def built():
+    return list(P.build(["translate", "summarize"]))
+
+
+def test_the_sets_interleave_into_prompts_in_spec_bench_wording(built):
+    cats = [r["category"] for r in built]
+    assert cats[:6] == ["translation", "summarization"] * 3
+    n_tr, n_su = cats.count("translation"), cats.count("summarization")
+    assert n_tr > 1000 and n_su > 1000, (n_tr, n_su)
+    assert all(r["turns"][0].startswith("Translate German to English: ") for r in built if r["category"] == "translation")
+    assert all(r["turns"][0].startswith("Summarize: ") for r in built if r["category"] == "summarization")
+    assert len({r["turns"][0] for r in built}) == len(built)  # no prompt twice
+
+
+def test_no_prompt_of_the_sets_overlaps_an_evaluation_prompt(built):
+    index = build_index()
+    hits = [r["turns"][0][:80] for r in built if index.conversation([{"role": "user", "content": r["turns"][0]}])]
+    assert hits == []
+    if SPEC_BENCH.is_file():  # the screen does catch a Spec-Bench prompt written the same way
+        q = next(q for q in read_question_jsonl(SPEC_BENCH) if q.category == "translation")
+        assert index.conversation([{"role": "user", "content": q.turns[0]}])
+
+
+def test_the_cli_writes_a_question_file_regenerate_reads(tmp_path, capsys):
+    out = tmp_path / "p.jsonl"
+    P.main(["--out", str(out), "--sets", "summarize,translate", "--max-per-set", "3"])
+    qs = read_question_jsonl(out)
+    assert [q.category for q in qs] == ["summarization", "translation"] * 3
+    assert [q.question_id for q in qs] == list(range(6))
+    assert [m[0]["content"] for _, m in question_file(out, skip=4)] == [q.turns[0] for q in qs[4:]]
+    assert "6 prompts (3 summarization, 3 translation)" in capsys.readouterr().out
+
+
+def test_the_cli_rejects_an_unknown_set_in_one_line(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        P.main(["--out", str(tmp_path / "p.jsonl"), "--sets", "translate,poems"])
+    assert "error: unknown prompt set 'poems'; valid names: summarize, translate" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        P.main(["--out", str(tmp_path / "p.jsonl"), "--sets", " , "])
+    assert not (tmp_path / "p.jsonl").exists()
