@@ -27,7 +27,7 @@ from pathlib import Path
 from ..data.base import wheel_file
 from ..errors import ConfigError
 from ..registry import Registry
-from .data import HELDOUT, heldout_end, sharegpt_conversations
+from .data import HELDOUT, sharegpt_conversations
 
 PROMPT_SETS: Registry[Iterator[tuple[str, str]]] = Registry("prompt set")  # name -> () -> (category, prompt)
 
@@ -82,7 +82,8 @@ def exam_sentences(path: Path) -> Iterator[str]:
 
 
 def _training_conversations() -> Iterator[list[dict]]:
-    for _, msgs in sharegpt_conversations(skip=heldout_end(HELDOUT)):
+    """ShareGPT's usable conversations after the HELDOUT the trainer holds out, in one pass over the file."""
+    for _, msgs in itertools.islice(sharegpt_conversations(), HELDOUT, None):
         yield msgs
 
 
