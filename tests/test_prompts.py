@@ -51,16 +51,26 @@ def test_prose_is_english_running_text_of_80_to_350_words():
     assert not P.is_prose(" ".join([GERMAN] * 7))
 
 
+def test_news_articles_are_one_per_line_and_short_ones_are_left_out(tmp_path):
+    article = " ".join([ENGLISH] * 4)
+    path = tmp_path / "lee.cor"
+    path.write_bytes(f"{article}\nToo short to summarise.\n\n  {article}  Caf\xe9 opens.\n".encode("latin-1"))
+    assert list(P.articles(path)) == [article, article + " Café opens."]
+
+
 @pytest.fixture(scope="module")
 def built():
-    return list(P.build(["translate", "summarize"]))
+    return list(P.build(["translate", "summarize", "news"]))
 
 
 def test_the_sets_interleave_into_prompts_in_spec_bench_wording(built):
     cats = [r["category"] for r in built]
-    assert cats[:6] == ["translation", "summarization"] * 3
+    assert cats[:6] == ["translation", "summarization", "summarization"] * 2
     n_tr, n_su = cats.count("translation"), cats.count("summarization")
     assert n_tr > 1000 and n_su > 1000, (n_tr, n_su)
+    news = [r["turns"][0] for r in built[2:3 * 300:3]]  # every third prompt is a news article, for 300 of them
+    assert all(p.startswith("Summarize: ") and len(p.split()) > 60 for p in news)
+    assert sum("Australia" in p or "Sydney" in p or "Government" in p for p in news) > 100
     assert all(r["turns"][0].startswith("Translate German to English: ") for r in built if r["category"] == "translation")
     assert all(r["turns"][0].startswith("Summarize: ") for r in built if r["category"] == "summarization")
     assert len({r["turns"][0] for r in built}) == len(built)  # no prompt twice
@@ -88,7 +98,7 @@ def test_the_cli_writes_a_question_file_regenerate_reads(tmp_path, capsys):
 def test_the_cli_rejects_an_unknown_set_in_one_line(tmp_path, capsys):
     with pytest.raises(SystemExit):
         P.main(["--out", str(tmp_path / "p.jsonl"), "--sets", "translate,poems"])
-    assert "error: unknown prompt set 'poems'; valid names: summarize, translate" in capsys.readouterr().err
+    assert "error: unknown prompt set 'poems'; valid names: news, summarize, translate" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         P.main(["--out", str(tmp_path / "p.jsonl"), "--sets", " , "])
     assert not (tmp_path / "p.jsonl").exists()

@@ -1,7 +1,7 @@
 """Training prompt sets built from offline text, written as question.jsonl for `regenerate --prompts FILE`, so the
 drafter sees the target's own replies to the requests Spec-Bench asks for and ShareGPT's first turns rarely do:
 
-    python -m graft_lab.train.prompts --out runs/regen/prompts.jsonl --sets translate,summarize
+    python -m graft_lab.train.prompts --out runs/regen/prompts.jsonl --sets translate,summarize,news
 
 Sets (one registry; `--sets` takes any of their names):
 - translate: "Translate German to English: SENTENCE", Spec-Bench's wording, for German sentences from the questions
@@ -9,6 +9,10 @@ Sets (one registry; `--sets` takes any of their names):
   ShareGPT's training conversations.
 - summarize: "Summarize: PASSAGE", Spec-Bench's wording, where PASSAGE is an English prose reply of 80-350 words
   from ShareGPT's training conversations (one per conversation).
+- news: "Summarize: ARTICLE" for the 335 articles of 60 words or more among the 348 Australian Broadcasting
+  Corporation news articles of the Lee corpus (Lee, Pincombe and Welsh 2005), as the `gensim` wheel ships it for its
+  tests (LGPL-2.1; the articles are ABC's): news, as Spec-Bench's CNN/DailyMail summarization prompts are, which
+  ShareGPT's replies are not.
 
 Only training text is read: ShareGPT after the conversations the trainer holds out. The file interleaves the sets
 one prompt each in turn, so a time-limited regeneration covers all of them; `regenerate` screens every prompt
@@ -32,6 +36,7 @@ from .data import HELDOUT, sharegpt_conversations
 PROMPT_SETS: Registry[Iterator[tuple[str, str]]] = Registry("prompt set")  # name -> () -> (category, prompt)
 
 GERMAN_EXAMS = ("evals", "evals/registry/data/german-exams-qa/samples.jsonl")
+LEE_NEWS = [("gensim", "gensim/test/test_data/lee_background.cor"), ("gensim", "gensim/test/test_data/lee.cor")]
 _GERMAN = frozenset("der die das und ist nicht ich sie wir ein eine einen mit für auf zu den dem von sich auch es "
                     "wird werden sind wenn wie bei oder aus nach kann".split())
 _ENGLISH = frozenset("the and is are of to in that it for with this you was be on as".split())
@@ -112,6 +117,21 @@ def summarize() -> Iterator[tuple[str, str]]:
         passage = next((m["content"] for m in msgs[1::2] if is_prose(m["content"])), None)
         if passage is not None:
             yield "summarization", "Summarize: " + " ".join(passage.split())
+
+
+def articles(path: Path, min_words: int = 60) -> Iterator[str]:
+    """The Lee corpus files hold one article per line (Latin-1); short ones are left out."""
+    for line in path.read_text(encoding="latin-1").splitlines():
+        text = " ".join(line.split())
+        if len(text.split()) >= min_words:
+            yield text
+
+
+@PROMPT_SETS.register("news")
+def news() -> Iterator[tuple[str, str]]:
+    for dist, relpath in LEE_NEWS:
+        for article in articles(wheel_file(dist, relpath)):
+            yield "summarization", "Summarize: " + article
 
 
 def build(names: list[str], max_per_set: int = 0) -> Iterator[dict]:
