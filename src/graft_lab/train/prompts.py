@@ -1,7 +1,7 @@
 """Training prompt sets built from offline text, written as question.jsonl for `regenerate --prompts FILE`, so the
 drafter sees the target's own replies to the requests Spec-Bench asks for and ShareGPT's first turns rarely do:
 
-    python -m graft_lab.train.prompts --out runs/regen/prompts.jsonl --sets translate,summarize,news
+    python -m graft_lab.train.prompts --out runs/regen/prompts.jsonl --sets translate,summarize,news,code
 
 Sets (one registry; `--sets` takes any of their names):
 - translate: "Translate German to English: SENTENCE", Spec-Bench's wording, for German sentences from the questions
@@ -13,6 +13,9 @@ Sets (one registry; `--sets` takes any of their names):
   Corporation news articles of the Lee corpus (Lee, Pincombe and Welsh 2005), as the `gensim` wheel ships it for its
   tests (LGPL-2.1; the articles are ABC's): news, as Spec-Bench's CNN/DailyMail summarization prompts are, which
   ShareGPT's replies are not.
+- code: "Write a Python function for this task: TASK" and its input/output spec, for the 3,205 distinct tasks of
+  8 words or more in the two CodeI/O files that the `reasoning-gym` wheel ships (Apache-2.0; the quality-filtered
+  file first), so that the target writes code, as the coding prompts of Spec-Bench and MT-Bench ask.
 
 Only training text is read: ShareGPT after the conversations the trainer holds out. The file interleaves the sets
 one prompt each in turn, so a time-limited regeneration covers all of them; `regenerate` screens every prompt
@@ -22,6 +25,7 @@ against the evaluation prompts, as for ShareGPT's.
 from __future__ import annotations
 
 import argparse
+import gzip
 import itertools
 import json
 import re
@@ -37,6 +41,8 @@ PROMPT_SETS: Registry[Iterator[tuple[str, str]]] = Registry("prompt set")  # nam
 
 GERMAN_EXAMS = ("evals", "evals/registry/data/german-exams-qa/samples.jsonl")
 LEE_NEWS = [("gensim", "gensim/test/test_data/lee_background.cor"), ("gensim", "gensim/test/test_data/lee.cor")]
+CODEIO = [("reasoning-gym", "reasoning_gym/data/codeio-hq.jsonl.gz"),
+          ("reasoning-gym", "reasoning_gym/data/codeio.jsonl.gz")]
 _GERMAN = frozenset("der die das und ist nicht ich sie wir ein eine einen mit für auf zu den dem von sich auch es "
                     "wird werden sind wenn wie bei oder aus nach kann".split())
 _ENGLISH = frozenset("the and is are of to in that it for with this you was be on as".split())
@@ -132,6 +138,25 @@ def news() -> Iterator[tuple[str, str]]:
     for dist, relpath in LEE_NEWS:
         for article in articles(wheel_file(dist, relpath)):
             yield "summarization", "Summarize: " + article
+
+
+def code_tasks(path: Path, min_words: int = 8) -> Iterator[tuple[str, str]]:
+    """(task description, input/output spec) of a CodeI/O file: gzip, either one JSON list (the quality-filtered
+    file) or JSON lines; tasks of fewer than `min_words` words are left out."""
+    text = gzip.decompress(path.read_bytes()).decode("utf-8")
+    listed = text.lstrip().startswith("[")
+    rows = json.loads(text) if listed else [json.loads(ln) for ln in text.splitlines() if ln.strip()]
+    for row in rows:
+        task, spec = " ".join(row["task_description"].split()), row.get("input_output_spec", "").strip()
+        if len(task.split()) >= min_words:
+            yield task, spec
+
+
+@PROMPT_SETS.register("code")
+def code() -> Iterator[tuple[str, str]]:
+    for dist, relpath in CODEIO:
+        for task, spec in code_tasks(wheel_file(dist, relpath)):
+            yield "coding", f"Write a Python function for this task: {task}" + (f"\n\n{spec}" if spec else "")
 
 
 def build(names: list[str], max_per_set: int = 0) -> Iterator[dict]:
