@@ -294,6 +294,35 @@ def test_evaluate_cli_reports_tau_per_category(tmp_path, capsys):
     assert "valid: dense, chain" in capsys.readouterr().err
 
 
+def test_evaluate_second_turns_follow_the_targets_own_first_reply(tmp_path, capsys):
+    from graft_lab.models.target import Target, load_model
+    from graft_lab.train.data import mtbench_questions
+    from graft_lab.train.evaluate import main as evaluate_main, second_turns
+    from tiny import write_eagle3
+
+    tgt = "random:llama?seed=0&hidden=64&layers=4"
+    model, tok = load_model(tgt)
+    turns = second_turns(model, tok, 2, 5)
+    qs = mtbench_questions()[:2]
+    for (cat, ids), q in zip(turns, qs):
+        text = tok.decode(ids)
+        assert cat == "mt_bench_turn2" and text.index(q["turns"][0]) < text.index(q["turns"][1])
+        first = tok.apply_chat_template([{"role": "user", "content": q["turns"][0]}], add_generation_prompt=True,
+                                        tokenize=True, return_dict=False)
+        reply = model.generate(torch.tensor([first]), max_new_tokens=5, do_sample=False)[0, len(first):]
+        assert tok.decode(reply, skip_special_tokens=True) in text  # the target's greedy reply sits between them
+    drafter = write_eagle3(Target(model, tok), tmp_path / "drafter")
+    out = tmp_path / "tau.json"
+    evaluate_main(["--drafter", str(drafter), "--target", tgt, "--questions", "2", "--turns", "1,2",
+                   "--new-tokens", "5", "--trees", "chain", "--out", str(out)])
+    res = json.loads(out.read_text())
+    assert res["prompts"] == 4 and set(res["chain"]["by_category"]) == {"mt_bench", "mt_bench_turn2"}
+    evaluate_main(["--drafter", str(drafter), "--target", tgt, "--questions", "2", "--turns", "2",
+                   "--new-tokens", "5", "--trees", "chain", "--out", str(out)])
+    res = json.loads(out.read_text())
+    assert res["prompts"] == 2 and set(res["chain"]["by_category"]) == {"mt_bench_turn2"}
+
+
 def test_data_sources_from_config_or_command_line(tmp_path):
     """A config may list the sources; --data on the command line replaces them (it does not append)."""
     from graft_lab.train.__main__ import parse

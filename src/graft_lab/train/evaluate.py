@@ -1,6 +1,7 @@
 """Acceptance length (tau) of an EAGLE-3 drafter with the project's decode loop, and a CLI:
 
     python -m graft_lab.train.evaluate --drafter DIR [--questions 80 --new-tokens 128 --dtype float32]
+    python -m graft_lab.train.evaluate --drafter DIR --questions 80 --turns 1,2  # and the 80 second turns
     python -m graft_lab.train.evaluate --drafter DIR --questions 0 --trees dense \
         --spec-bench ../shared/data/spec_bench/question.jsonl --per-category 10      # tau per category
 """
@@ -70,6 +71,27 @@ def labelled_prompts(tokenizer, questions: int, spec_bench: str | None, per_cate
     return out
 
 
+@torch.no_grad()
+def second_turns(model, tokenizer, questions: int, max_new: int) -> list[tuple[str, torch.Tensor]]:
+    """("mt_bench_turn2", prompt ids) for the first `questions` MT-Bench questions: the first turn, the target's own
+    greedy reply to it (transformers `generate`, at most `max_new` tokens, in the model's dtype), then the second
+    turn. The reply comes from the target alone, so every drafter is measured on the same second-turn prompts."""
+    from .data import mtbench_questions, user_prompt
+
+    eos = tokenizer.eos_token_id
+    out = []
+    for q in mtbench_questions()[:questions]:
+        first = user_prompt(tokenizer, q["turns"][0])[None].to(model.device)  # [1, T]
+        ids = model.generate(first, attention_mask=torch.ones_like(first), max_new_tokens=max_new, do_sample=False,
+                             eos_token_id=eos, pad_token_id=eos)[0, first.shape[1]:].tolist()
+        reply = tokenizer.decode(ids[: ids.index(eos)] if eos in ids else ids, skip_special_tokens=True)
+        msgs = [{"role": "user", "content": q["turns"][0]}, {"role": "assistant", "content": reply},
+                {"role": "user", "content": q["turns"][1]}]
+        out.append(("mt_bench_turn2", torch.tensor(tokenizer.apply_chat_template(
+            msgs, add_generation_prompt=True, tokenize=True, return_dict=False))))
+    return out
+
+
 def main(argv=None) -> None:
     from ..models.target import EMBEDDED, load_model
 
@@ -78,6 +100,8 @@ def main(argv=None) -> None:
     ap.add_argument("--target", default=EMBEDDED)
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--questions", type=int, default=80, help="MT-Bench first turns (0: none)")
+    ap.add_argument("--turns", default="1", choices=("1", "2", "1,2"),
+                    help="MT-Bench turns: 1, 2 (the second turn after the target's own greedy first reply), or 1,2")
     ap.add_argument("--spec-bench", help="a Spec-Bench question.jsonl: also report tau per category")
     ap.add_argument("--per-category", type=int, default=10, help="Spec-Bench questions per category")
     ap.add_argument("--new-tokens", type=int, default=128)
@@ -91,7 +115,10 @@ def main(argv=None) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     model, tok = load_model(args.target, dtype=args.dtype)
-    labelled = labelled_prompts(tok, args.questions, args.spec_bench, args.per_category)
+    turns = args.turns.split(",")
+    labelled = labelled_prompts(tok, args.questions if "1" in turns else 0, args.spec_bench, args.per_category)
+    if "2" in turns:
+        labelled += second_turns(model, tok, args.questions, args.new_tokens)
     if not labelled:
         ap.error("no prompts: give --questions > 0 or --spec-bench")
     labels, prompts = [c for c, _ in labelled], [p for _, p in labelled]
