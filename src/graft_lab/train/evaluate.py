@@ -71,22 +71,18 @@ def labelled_prompts(tokenizer, questions: int, spec_bench: str | None, per_cate
     return out
 
 
-@torch.no_grad()
 def second_turns(model, tokenizer, questions: int, max_new: int) -> list[tuple[str, torch.Tensor]]:
     """("mt_bench_turn2", prompt ids) for the first `questions` MT-Bench questions: the first turn, the target's own
-    greedy reply to it (transformers `generate`, at most `max_new` tokens, in the model's dtype), then the second
-    turn. The reply comes from the target alone, so every drafter is measured on the same second-turn prompts."""
-    from .data import mtbench_questions, user_prompt
+    greedy reply to it (`regenerate`'s transformers `generate`, at most `max_new` tokens, in the model's dtype), then
+    the second turn. The reply comes from the target alone, so every drafter meets the same second-turn prompts."""
+    from .data import mtbench_questions
+    from .regenerate import regenerate_batch
 
-    eos = tokenizer.eos_token_id
     out = []
     for q in mtbench_questions()[:questions]:
-        first = user_prompt(tokenizer, q["turns"][0])[None].to(model.device)  # [1, T]
-        ids = model.generate(first, attention_mask=torch.ones_like(first), max_new_tokens=max_new, do_sample=False,
-                             eos_token_id=eos, pad_token_id=eos)[0, first.shape[1]:].tolist()
-        reply = tokenizer.decode(ids[: ids.index(eos)] if eos in ids else ids, skip_special_tokens=True)
-        msgs = [{"role": "user", "content": q["turns"][0]}, {"role": "assistant", "content": reply},
-                {"role": "user", "content": q["turns"][1]}]
+        first = [{"role": "user", "content": q["turns"][0]}]
+        reply = regenerate_batch(model, tokenizer, [first], max_new)[0][0]  # one at a time: no padding
+        msgs = first + [{"role": "assistant", "content": reply}, {"role": "user", "content": q["turns"][1]}]
         out.append(("mt_bench_turn2", torch.tensor(tokenizer.apply_chat_template(
             msgs, add_generation_prompt=True, tokenize=True, return_dict=False))))
     return out
