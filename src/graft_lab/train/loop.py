@@ -44,7 +44,8 @@ class TrainConfig:
     # The lr schedule runs on progress = max(tokens / max_tokens, wall / max_minutes): it ends with the budget.
     autocast: bool = True  # bf16 autocast for the drafter (AMX on recent Xeons); weights stay fp32
     head_init: str = "rows"  # rows: lm_head = the target's head rows of the draft vocab; target: and its final norm; random
-    seed: int = 0
+    seed: int = 0  # random head (no init, head_init=random) and anchor sampling (anchor_frac < 1) only: the data order is
+    # fixed, so a run from `init` with anchor_frac 1.0 is the same for every seed
     init: str = ""  # a run directory or an exported drafter (builtin:NAME) whose weights and draft vocab start this
     # run (fresh optimizer and schedule)
     grow_vocab: int = 0  # with init: grow its draft vocab to this many tokens, adding the most frequent labels of the
