@@ -38,10 +38,10 @@ bench: $(STAMP)
 # runs out (stage 4), then a second, annealing pass over ShareGPT with them (stage 5), then the rest of that second
 # pass with TTT 5 (stage 6, from stage 5's bf16 export, as it was shipped), then the target's replies to 3,584 fresh
 # ShareGPT prompts (source entries 8,794 on) interleaved with the rest of that second pass (stage 7), then, from
-# stage 7's export, 3 passes over the replies to the last ShareGPT first turns and to those of 513-768 tokens,
-# interleaved with ShareGPT from its start, at peak lr 1.5e-4 (stage 14; the file is shuffled with a fixed source,
-# hence bash). The dtypes of stages 6, 7 and 14 are timed at start (bf16 with AMX or avx512_bf16, fp32 on AVX2
-# only). MODEL_CARD.md gives each stage's time on 2 cores and the next stage's data.
+# stage 7's export, 3 passes over the replies to the last ShareGPT first turns, to those of 513-768 tokens and to 384
+# coding tasks, interleaved with ShareGPT from its start, at peak lr 1.5e-4 (stage 15; the file is shuffled with a
+# fixed source, hence bash). The dtypes of stages 6, 7 and 15 are timed at start (bf16 with AMX or avx512_bf16, fp32
+# on AVX2 only). MODEL_CARD.md gives each stage's time on 2 cores and the next stage's data.
 RUNS          ?= runs
 REGEN_PROMPTS ?= 4096
 REGEN         := $(RUNS)/regen/sharegpt_greedy.jsonl
@@ -49,6 +49,9 @@ REGEN7        := $(RUNS)/regen/sharegpt_greedy_8794.jsonl
 REGEN14L      := $(RUNS)/regen/sharegpt_greedy_16267.jsonl
 REGEN14M      := $(RUNS)/regen/sharegpt_greedy_768.jsonl
 REGEN14       := $(RUNS)/regen/stage12.jsonl
+CODE15P       := $(RUNS)/regen/code.jsonl
+CODE15        := $(RUNS)/regen/code_greedy.jsonl
+REGEN15       := $(RUNS)/regen/stage15.jsonl
 drafter: $(STAMP)
 	$(BIN)/python -m graft_lab.train --config conf/train/smollm2.yaml --out $(RUNS)/smollm2-eagle3 --resume
 	$(BIN)/python -m graft_lab.train.regenerate --out $(REGEN) --max-prompts $(REGEN_PROMPTS) --threads 2
@@ -74,10 +77,13 @@ drafter: $(STAMP)
 	$(BIN)/python -m graft_lab.train.regenerate --out $(REGEN14L) --start 16267 --threads 2
 	$(BIN)/python -m graft_lab.train.regenerate --out $(REGEN14M) --min-prompt-tokens 512 --max-prompt-tokens 768 --threads 2
 	cat $(REGEN14L) $(REGEN14M) | shuf --random-source=<(yes) > $(REGEN14)
+	$(BIN)/python -m graft_lab.train.prompts --out $(CODE15P) --sets code
+	$(BIN)/python -m graft_lab.train.regenerate --prompts $(CODE15P) --out $(CODE15) --max-prompt-tokens 512 --max-prompts 384 --threads 2
+	cat $(REGEN14) $(CODE15) | shuf --random-source=<(yes) > $(REGEN15)
 	$(BIN)/python -m graft_lab.train --config conf/train/smollm2_mix.yaml --init $(RUNS)/smollm2-eagle3-stage7/export \
-		--data sharegpt --data $(REGEN14) --sharegpt-skip 0 --epochs 3 --ttt-steps 5 --lr 1.5e-4 --warmup-tokens 100000 \
-		--max-minutes 75 --max-tokens 6000000 --seed 14 --target-dtype auto --autocast auto \
-		--out $(RUNS)/smollm2-eagle3-stage14 --resume --export $(RUNS)/smollm2-eagle3-stage14/export
+		--data sharegpt --data $(REGEN15) --sharegpt-skip 0 --epochs 3 --ttt-steps 5 --lr 1.5e-4 --warmup-tokens 100000 \
+		--max-minutes 95 --max-tokens 8000000 --seed 15 --target-dtype auto --autocast auto \
+		--out $(RUNS)/smollm2-eagle3-stage15 --resume --export $(RUNS)/smollm2-eagle3-stage15/export
 
 pareto: $(STAMP)
 	$(BIN)/python -m graft_lab.plot pareto $(ARGS)

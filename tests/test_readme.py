@@ -79,5 +79,6 @@ def test_the_model_cards_reproduce_block_is_make_drafters_recipe():
     recipe = drafter_recipe()
     assert len(recipe) >= 9 and recipe[0][:3] == ["python", "-m", "graft_lab.train"]
     assert steps == recipe
-    words = "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen".split()
+    words = ("zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen "
+             "seventeen eighteen nineteen twenty").split()
     assert f"`make drafter` runs the {words[len(recipe)]} steps below" in " ".join(card.split())
