@@ -47,21 +47,24 @@ def test_shipped_drafter_fits_the_target(smollm2):
 
 @pytest.fixture(scope="module")
 def dense_run(smollm2):
-    """Dense tree on 5 fixed MT-Bench questions: (tau, whether question 1 equals transformers' greedy)."""
+    """Dense tree on 5 fixed MT-Bench questions: (tau, whether question 1 equals transformers' greedy, each
+    question's accepted lengths per step)."""
     drafter = build_eagle3(Eagle3Options(path=str(SHIPPED), depth=7, top_k=10), smollm2)
     method = Method(drafter, NoPruner(), NoRetriever(), graft_root, 60)
     eos = (smollm2.tokenizer.eos_token_id,)
     emitted = steps = 0
     lossless = None
+    lengths = []
     for i, prompt in enumerate(mtbench_prompts(smollm2.tokenizer, 5)):
         gen = generate(smollm2, method, prompt, SamplingParams(), StopRule(64, eos))
         emitted += sum(s.accept_length for s in gen.steps)
         steps += len(gen.steps)
+        lengths.append([s.accept_length for s in gen.steps])
         if i == 0:
             ref = smollm2.model.generate(prompt[None], max_new_tokens=64, do_sample=False, eos_token_id=eos[0],
                                          pad_token_id=eos[0], attention_mask=torch.ones_like(prompt[None]))
             lossless = gen.tokens == ref[0, prompt.numel():].tolist()
-    return emitted / steps, lossless
+    return emitted / steps, lossless, lengths
 
 
 def test_shipped_drafter_is_lossless(dense_run):
@@ -72,6 +75,21 @@ def test_shipped_drafter_reaches_tau(dense_run):
     tau = dense_run[0]
     print(f"shipped drafter: tau {tau:.3f}")
     assert tau >= TAU_MIN, f"tau {tau:.3f} < {TAU_MIN}"
+
+
+def test_replayed_verification_accepts_what_the_real_loop_does(smollm2, dense_run, tmp_path_factory):
+    """`evaluate --replay` on the real target: each of the 5 questions takes as many verifications, for as many
+    tokens, as in the real loop."""
+    from graft_lab.train.evaluate import tau_of
+    from graft_lab.train.replay import ReplayTarget, references
+
+    prompts = mtbench_prompts(smollm2.tokenizer, 5)
+    replay = ReplayTarget(smollm2, prompts, references(smollm2, EMBEDDED, prompts, 64, tmp_path_factory.mktemp("refs")))
+    drafter = build_eagle3(Eagle3Options(path=str(SHIPPED), depth=7, top_k=10), smollm2)
+    lengths = []
+    tau_of(replay, drafter, prompts, 60, 64, (smollm2.tokenizer.eos_token_id,),
+           lambda i, tokens, steps: lengths.append((tokens, steps)))
+    assert lengths == [(sum(steps), len(steps)) for steps in dense_run[2]]
 
 
 def test_shipped_drafter_cuts_stop_strings_like_generate(smollm2):

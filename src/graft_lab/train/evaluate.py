@@ -4,6 +4,7 @@
     python -m graft_lab.train.evaluate --drafter DIR --questions 80 --turns 1,2  # and the 80 second turns
     python -m graft_lab.train.evaluate --drafter DIR --questions 0 --trees dense \
         --spec-bench ../shared/data/spec_bench/question.jsonl --per-category 10      # tau per category
+    python -m graft_lab.train.evaluate --drafter DIR --replay ...  # the same tau, drafting cost only (train/replay.py)
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import json
 import time
 
 import torch
+from tqdm import tqdm
 
 from ..decode import Method, StopRule, generate
 from ..drafters.eagle3 import Eagle3Drafter, build_eagle3, Eagle3Options
@@ -79,7 +81,7 @@ def second_turns(model, tokenizer, questions: int, max_new: int) -> list[tuple[s
     from .regenerate import regenerate_batch
 
     out = []
-    for q in mtbench_questions()[:questions]:
+    for q in tqdm(mtbench_questions()[:questions], desc="target's first replies", unit="question"):
         first = [{"role": "user", "content": q["turns"][0]}]
         reply = regenerate_batch(model, tokenizer, [first], max_new)[0][0]  # one at a time: no padding
         msgs = first + [{"role": "assistant", "content": reply}, {"role": "user", "content": q["turns"][1]}]
@@ -103,6 +105,9 @@ def main(argv=None) -> None:
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--trees", default="dense,chain")
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--replay", action="store_true",
+                    help="replay the target's cached greedy continuations instead of verifying each tree "
+                         "(train/replay.py): the drafter's cost only, after one reference pass per prompt")
     ap.add_argument("--out", help="also write the summary JSON here")
     args = ap.parse_args(argv)
     unknown = [t for t in args.trees.split(",") if t not in TREES]
@@ -119,7 +124,13 @@ def main(argv=None) -> None:
         ap.error("no prompts: give --questions > 0 or --spec-bench")
     labels, prompts = [c for c, _ in labelled], [p for _, p in labelled]
     res = {"drafter": args.drafter, "target": args.target, "dtype": args.dtype, "prompts": len(prompts),
-           "new_tokens": args.new_tokens}
+           "new_tokens": args.new_tokens, "verification": "replay" if args.replay else "target"}
+    replay = None
+    if args.replay:
+        from .replay import ReplayTarget, references
+
+        real = Target(model, tok)
+        replay = ReplayTarget(real, prompts, references(real, args.target, prompts, args.new_tokens))
     for name in args.trees.split(","):
         tree = TREES[name]
         target = Target(model, tok)
@@ -133,7 +144,8 @@ def main(argv=None) -> None:
             print(json.dumps({"tree": name, "prompt": i, "category": labels[i], "tokens": tokens, "steps": steps}),
                   flush=True)
 
-        res[name] = tau_of(target, drafter, prompts, tree.total_tokens, args.new_tokens, (tok.eos_token_id,), log)
+        res[name] = tau_of(replay or target, drafter, prompts, tree.total_tokens, args.new_tokens,
+                           (tok.eos_token_id,), log)
         res[name]["by_category"] = {c: round(t / max(n, 1), 4) for c, (t, n) in per.items()}
         print(name, json.dumps(res[name]), flush=True)
     print(json.dumps(res))
