@@ -99,3 +99,24 @@ def test_replay_refuses_what_it_cannot_answer(tmp_path):
     wrong = ReplayTarget(target, [prompt], [[5] * (4 + LOOKAHEAD)])  # not the target's greedy continuation
     gen, _ = run(wrong, net, prompt, 3, 2, 8, 4)
     assert gen.tokens[:4] == [5] * 4  # replay emits the reference it is given: references() must be the target's
+
+
+def test_evaluate_replay_reports_what_the_real_loop_reports(tmp_path, monkeypatch):
+    import json
+
+    from graft_lab.models.target import Target, load_model
+    from graft_lab.train.evaluate import main as evaluate_main
+    from tiny import write_eagle3
+
+    monkeypatch.setenv("GRAFT_LAB_CACHE", str(tmp_path / "cache"))
+    tgt = "random:llama?seed=0&hidden=64&layers=4"
+    model, tok = load_model(tgt)
+    drafter = write_eagle3(Target(model, tok), tmp_path / "drafter")
+    common = ["--drafter", str(drafter), "--target", tgt, "--questions", "3", "--new-tokens", "12"]
+    evaluate_main(common + ["--out", str(tmp_path / "real.json")])
+    evaluate_main(common + ["--replay", "--out", str(tmp_path / "replay.json")])
+    real, rep = (json.loads((tmp_path / f).read_text()) for f in ("real.json", "replay.json"))
+    assert (real["verification"], rep["verification"]) == ("target", "replay")
+    for tree in ("dense", "chain"):
+        assert (rep[tree]["tokens"], rep[tree]["steps"]) == (real[tree]["tokens"], real[tree]["steps"])
+    assert len(list((tmp_path / "cache" / "replay").glob("*.json"))) == 3  # one reference per prompt, kept
