@@ -1,0 +1,33 @@
+"""The repository root shadows no installed package.
+
+`python -m pytest` and `python run.py` put the repository root first on sys.path, so a regular package there is
+found before a distribution of the same name. transformers 5.25 probes for the Hugging Face `kernels` package at
+import time (it depends on that package) and imported this project's old top-level `kernels/` folder instead, which broke every import of
+transformers (CI on 2026-12-03). Everything importable lives under src/; the root's folders are namespace packages
+at most, which transformers' probes treat as absent.
+"""
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_no_regular_package_at_the_repository_root():
+    packages = sorted(p.name for p in ROOT.iterdir() if (p / "__init__.py").is_file() and p.name != ".venv")
+    assert packages == [], f"move these under src/graft_lab/: {packages}"
+
+
+def test_kernels_resolves_to_an_installed_package_or_nothing():
+    probe = "import importlib.util as u; s = u.find_spec('kernels'); print(s.origin if s else '')"
+    origin = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True)
+    path = origin.stdout.strip()
+    assert "site-packages" in path or not path.startswith(str(ROOT)), f"the repository shadows `kernels`: {path}"
+
+
+def test_transformers_imports_from_the_repository_root():
+    probe = "import transformers.modeling_utils, graft_lab.kernels as k; print(k.__file__)"
+    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "src/graft_lab/kernels" in out.stdout
