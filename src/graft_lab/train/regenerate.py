@@ -8,7 +8,8 @@ prompts an earlier file did not reach), or the first turns of a question.jsonl f
 overlap an evaluation prompt are left out. Replies are greedy, batched with
 left padding and sorted by prompt length. Each line is {"index", "messages", "complete"}; `complete` is false
 when the reply hit --max-new-tokens without an end of turn, so its last token is not an end-of-turn label.
-The file is appended to and a rerun resumes after its last index.
+The file is appended to and a rerun resumes after its last index. Each run adds its flags, versions and CPU to
+OUT.meta.json, and `graft_lab.train.bundle` packs the replies into a small file git can carry.
 """
 
 from __future__ import annotations
@@ -16,14 +17,17 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import platform
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import torch
+import transformers
 
 from ..data.base import read_question_jsonl
 from ..models.target import EMBEDDED, load_model
+from ..profile import device_fingerprint, device_name
 from .data import HELDOUT, heldout_end, sharegpt_conversations
 from .decontaminate import EvalIndex, build_index
 
@@ -41,6 +45,22 @@ def written(path: Path) -> tuple[int, int]:
     return count, last
 
 
+def meta_path(out: Path) -> Path:
+    """OUT.meta.json: one record per run that appended to OUT (flags, versions, CPU), for bundles and model cards."""
+    return out.with_name(out.name + ".meta.json")
+
+
+def record_run(out: Path, args: argparse.Namespace, replies_before: int) -> None:
+    meta = meta_path(out)
+    runs = json.loads(meta.read_text())["runs"] if meta.is_file() else []
+    cpu = torch.device("cpu")
+    runs.append({"flags": {k: v for k, v in vars(args).items() if k != "out"}, "replies_before": replies_before,
+                 "date": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()), "torch": torch.__version__,
+                 "transformers": transformers.__version__, "python": platform.python_version(),
+                 "cpu": device_name(cpu), "cpu_fingerprint": device_fingerprint(cpu)})
+    meta.write_text(json.dumps({"runs": runs}, indent=1) + "\n")
+
+
 def question_file(path: Path, skip: int = 0) -> Iterator[tuple[int, list[dict]]]:
     """(line number, [first turn as a user message]) of a question.jsonl file (the MT-Bench / Spec-Bench schema),
     from line `skip`: any prompt set converted to that schema can be regenerated."""
@@ -49,13 +69,18 @@ def question_file(path: Path, skip: int = 0) -> Iterator[tuple[int, list[dict]]]
             yield idx, [{"role": "user", "content": q.turns[0]}]
 
 
+def first_turns(source: Path | None, skip: int = 0) -> Iterator[tuple[int, list[dict]]]:
+    """(source index, [first user turn]) from index `skip`: ShareGPT's, or those of a question.jsonl `source`."""
+    for idx, msgs in sharegpt_conversations(skip=skip) if source is None else question_file(source, skip):
+        yield idx, msgs[:1]
+
+
 def prompts(tokenizer, skip: int, max_prompt_tokens: int, screen: EvalIndex | None = None,
             source: Path | None = None, min_prompt_tokens: int = 0) -> Iterator[tuple[int, list[dict], int]]:
     """(source index, [first user turn], prompt length) for prompts of more than `min_prompt_tokens` and at most
     `max_prompt_tokens` tokens, from index `skip`: ShareGPT's, or those of a question.jsonl `source`. Prompts that
     overlap an evaluation prompt in `screen` are left out."""
-    for idx, msgs in sharegpt_conversations(skip=skip) if source is None else question_file(source, skip):
-        first = msgs[:1]
+    for idx, first in first_turns(source, skip):
         if not first[0]["content"] or (screen is not None and screen.conversation(first)):
             continue
         n = len(tokenizer.apply_chat_template(first, add_generation_prompt=True, tokenize=True, return_dict=False))
@@ -118,6 +143,7 @@ def main(argv=None) -> None:
     model, tok = load_model(args.target, dtype=args.dtype)
     tok.padding_side = "left"
     done, last = written(out)
+    record_run(out, args, done)
     skip = max(heldout_end(args.heldout) if source is None else 0, args.start, last + 1)
     stream = prompts(tok, skip, args.max_prompt_tokens, build_index(), source, args.min_prompt_tokens)
     from tqdm import tqdm

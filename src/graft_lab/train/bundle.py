@@ -1,0 +1,144 @@
+"""Bundles: the target's regenerated replies in a small file that git can carry from one session to the next.
+
+A regeneration costs 7-40 minutes a file, and a session may start on a fresh machine that kept nothing outside the
+repository. A bundle keeps what only the target's decoding produced (each reply and whether it ended with an end of
+turn) and, instead of the prompt, its source index and a hash of its text: the prompts come back from their source
+(ShareGPT in its wheel, or a question.jsonl that `graft_lab.train.prompts` rebuilds from wheels), so no prompt set
+is redistributed, and a source that changed is caught prompt by prompt.
+
+    python -m graft_lab.train.bundle pack runs/regen/code_greedy_386.jsonl --prompts runs/regen/code.jsonl \\
+        --out data/regen/code_greedy_386.jsonl.gz
+    python -m graft_lab.train.bundle restore data/regen/code_greedy_386.jsonl.gz --out runs/regen/code_greedy_386.jsonl
+
+`restore` writes the file `regenerate` wrote, line for line, so `regenerate` resumes after it and training reads it.
+The first line of a bundle is its header: the source, the reply count, and the regeneration's provenance
+(`regenerate` writes it beside its output as OUT.meta.json: target, dtype, flags, versions, CPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import hashlib
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+from ..errors import ConfigError
+from .regenerate import first_turns, meta_path, written
+
+FORMAT = 1
+
+
+def prompt_hash(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _rows(path: Path) -> list[dict]:
+    count, _ = written(path)
+    rows = [json.loads(line) for line in path.read_text().splitlines()[:count]]
+    for r in rows:
+        roles = [m["role"] for m in r["messages"]]
+        if roles != ["user", "assistant"]:
+            raise ConfigError(f"{path}: line of index {r['index']} has roles {roles}, not a regenerated first turn")
+    return rows
+
+
+def pack(regen: Path, prompts: Path | None, out: Path) -> dict:
+    """Write `regen`'s replies, less their prompts, to the gzip bundle `out`; returns its header."""
+    rows = _rows(regen)
+    if not rows:
+        raise ConfigError(f"{regen} holds no replies to pack")
+    meta = meta_path(regen)
+    header = {"bundle": FORMAT, "source": "sharegpt" if prompts is None else "question.jsonl",
+              "prompts": None if prompts is None else prompts.name, "replies": len(rows),
+              "regenerate": json.loads(meta.read_text()) if meta.is_file() else None}
+    lines = [header] + [{"index": r["index"], "prompt": prompt_hash(r["messages"][0]["content"]),
+                         "reply": r["messages"][1]["content"], "complete": r["complete"]} for r in rows]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=9, mtime=0) as f:
+        f.write("".join(json.dumps(x) + "\n" for x in lines).encode())  # mtime 0: same replies, same bytes
+    return header
+
+
+def read(bundle: Path) -> tuple[dict, list[dict]]:
+    if not bundle.is_file():
+        raise ConfigError(f"bundle {bundle} does not exist")
+    with gzip.open(bundle, "rt") as f:
+        lines = f.read().splitlines()
+    header = json.loads(lines[0])
+    if header.get("bundle") != FORMAT:
+        raise ConfigError(f"{bundle} is not a bundle of format {FORMAT} (header: {lines[0][:120]})")
+    return header, [json.loads(line) for line in lines[1:]]
+
+
+def _prompts(rows: list[dict], prompts: Path | None) -> Iterator[tuple[dict, list[dict]]]:
+    """(bundle row, [the user message at its source index]) in the bundle's order."""
+    wanted = iter(rows)
+    row = next(wanted, None)
+    for idx, first in first_turns(prompts, rows[0]["index"]):
+        if row is None:
+            return
+        if idx == row["index"]:
+            yield row, first
+            row = next(wanted, None)
+    if row is not None:
+        raise ConfigError(f"the prompt source ends before index {row['index']}: is it the one the bundle was packed from?")
+
+
+def restore(bundle: Path, out: Path, prompts: Path | None = None) -> int:
+    """Write the regenerated file `bundle` was packed from to `out`; returns the replies written (0 when `out`
+    already holds them all). Each prompt is read from its source and checked against the bundle's hash."""
+    header, rows = read(bundle)
+    if (header["source"] == "sharegpt") != (prompts is None):
+        need = "no --prompts (ShareGPT)" if header["source"] == "sharegpt" else f"--prompts {header['prompts']}"
+        raise ConfigError(f"{bundle} was packed from {header['source']}: restore it with {need}")
+    if prompts is not None and not prompts.is_file():
+        raise ConfigError(f"--prompts {prompts} does not exist: build it with `python -m graft_lab.train.prompts`")
+    lines = []
+    for row, first in _prompts(rows, prompts):
+        if prompt_hash(first[0]["content"]) != row["prompt"]:
+            raise ConfigError(f"the prompt at source index {row['index']} is not the one {bundle.name} was packed "
+                              "with: its source changed")
+        messages = first + [{"role": "assistant", "content": row["reply"]}]
+        lines.append(json.dumps({"index": row["index"], "messages": messages, "complete": row["complete"]}) + "\n")
+    have = out.read_text() if out.is_file() else ""
+    text = "".join(lines)
+    if have == text:
+        return 0
+    if have:
+        raise ConfigError(f"{out} already holds other replies than {bundle.name}: move it away to restore")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    if header.get("regenerate") is not None:
+        meta_path(out).write_text(json.dumps(header["regenerate"], indent=1) + "\n")
+    return len(lines)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("pack", help="regenerated JSONL -> bundle")
+    p.add_argument("regen", help="a file `graft_lab.train.regenerate` wrote")
+    p.add_argument("--out", required=True, help="bundle to write (.jsonl.gz)")
+    r = sub.add_parser("restore", help="bundle -> regenerated JSONL")
+    r.add_argument("bundle")
+    r.add_argument("--out", required=True, help="the JSONL file to write, as `regenerate --out` would")
+    for s in (p, r):
+        s.add_argument("--prompts", default="sharegpt",
+                       help="the prompt source the replies answer: sharegpt, or the question.jsonl given to regenerate")
+    args = ap.parse_args(argv)
+    prompts = None if args.prompts == "sharegpt" else Path(args.prompts)
+    try:
+        if args.cmd == "pack":
+            header = pack(Path(args.regen), prompts, Path(args.out))
+            print(f"[bundle] {header['replies']} replies -> {args.out} ({Path(args.out).stat().st_size:,} bytes)")
+        else:
+            n = restore(Path(args.bundle), Path(args.out), prompts)
+            print(f"[bundle] {n} replies -> {args.out}" if n else f"[bundle] {args.out} already holds them")
+    except ConfigError as exc:
+        ap.error(str(exc))
+
+
+if __name__ == "__main__":
+    main()
