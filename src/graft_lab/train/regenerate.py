@@ -27,7 +27,7 @@ import transformers
 
 from ..data.base import read_question_jsonl
 from ..models.target import EMBEDDED, load_model
-from ..profile import device_fingerprint, device_name
+from ..profile import cpu_isa, device_fingerprint, device_name
 from .data import HELDOUT, heldout_end, sharegpt_conversations
 from .decontaminate import EvalIndex, build_index
 
@@ -57,7 +57,7 @@ def record_run(out: Path, args: argparse.Namespace, replies_before: int) -> None
     runs.append({"flags": {k: v for k, v in vars(args).items() if k != "out"}, "replies_before": replies_before,
                  "date": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()), "torch": torch.__version__,
                  "transformers": transformers.__version__, "python": platform.python_version(),
-                 "cpu": device_name(cpu), "cpu_fingerprint": device_fingerprint(cpu)})
+                 "cpu": device_name(cpu), "cpu_isa": cpu_isa(), "cpu_fingerprint": device_fingerprint(cpu)})
     meta.write_text(json.dumps({"runs": runs}, indent=1) + "\n")
 
 
