@@ -1,10 +1,10 @@
 """Packaging: the repository root shadows no installed package, and constraints.txt pins what pyproject admits.
 
 `python -m pytest` and `python run.py` put the repository root first on sys.path, so a regular package there is
-found before a distribution of the same name. transformers 5.25 probes for the Hugging Face `kernels` package at
-import time (it depends on that package) and imported this project's old top-level `kernels/` folder instead, which broke every import of
-transformers (CI on 2026-12-03). Everything importable lives under src/; the root's folders are namespace packages
-at most, which transformers' probes treat as absent.
+found before a distribution of the same name. transformers 5.25 depends on the Hugging Face `kernels` package and
+probes it at import time; it imported this project's old top-level `kernels/` folder instead, which broke every
+import of transformers (CI on 2026-12-03). Everything importable lives under src/; the root's folders are namespace
+packages at most, which transformers' probes treat as absent.
 """
 
 import re

@@ -83,7 +83,8 @@ def _prompts(rows: list[dict], prompts: Path | None) -> Iterator[tuple[dict, lis
             yield row, first
             row = next(wanted, None)
     if row is not None:
-        raise ConfigError(f"the prompt source ends before index {row['index']}: is it the one the bundle was packed from?")
+        raise ConfigError(f"the prompt source ends before index {row['index']}: "
+                          "is it the one the bundle was packed from?")
 
 
 def restore(bundle: Path, out: Path, prompts: Path | None = None) -> int:
