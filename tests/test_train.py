@@ -19,6 +19,7 @@ from graft_lab.data.json_stream import stream_json_array
 from graft_lab.train.loop import TrainConfig, export, train
 from graft_lab.train.ttt import ttt_forward, ttt_loss
 from graft_lab.train.vocab import coverage, draft_vocab, grow, grow_head, maps
+from graft_lab.train.widen import mlp_width, widen_mlp
 from graft_lab.verify import SamplingParams
 from tiny import hf_greedy, tiny_eagle3, tiny_target
 
@@ -200,6 +201,53 @@ def test_train_resume_export_and_lossless_decode(tmp_path):
                    SamplingParams(), StopRule(max_new_tokens=16))
     assert gen.tokens == hf_greedy(target.model, data[9][0][:9], 16)
 
+
+
+def test_widen_mlp_keeps_the_output_then_trains_the_new_units(tmp_path):
+    """A later stage widens the init's MLP: the drafter computes the same at the start, the new units
+    train, the export records the width and decodes losslessly, and a resume keeps the width."""
+    torch.manual_seed(0)
+    target = tiny_target()
+    sequences, data = _sequences()
+    base = dict(draft_vocab=64, vocab_sequences=20, ttt_steps=2, lr=3e-3, warmup_tokens=50, labels_per_step=64,
+                ckpt_every=2, log_every=1, eval_every_tokens=0, progress=False, autocast=False)
+    small = train(TrainConfig(out=str(tmp_path / "run"), max_tokens=300, **base), target, sequences, eos_ids=(2,))
+    width = small.midlayer.mlp.gate_proj.weight.shape[0]
+    state = {k: v.clone() for k, v in small.state_dict().items()}
+    wide_state = widen_mlp(state, 3 * width, torch.Generator().manual_seed(0))
+    assert mlp_width(wide_state) == 3 * width and wide_state["midlayer.mlp.up_proj.weight"][width:].abs().sum() > 0
+    with pytest.raises(ValueError, match=f"give a width of at least {width}"):
+        widen_mlp(state, width - 1)
+    zero = TrainConfig(out=str(tmp_path / "zero"), init=str(tmp_path / "run"), mlp_width=3 * width,
+                       **{**base, "lr": 0.0}, max_tokens=64)
+    wide0 = train(zero, target, sequences, eos_ids=(2,))  # lr 0: the widened init, unchanged
+    assert wide0.config.intermediate_size == 3 * width
+    aux, emb = torch.randn(1, 5, 3 * target.hidden_size), torch.randn(1, 5, target.hidden_size)
+    causal = torch.zeros(1, 1, 5, 5).masked_fill(~torch.ones(5, 5, dtype=torch.bool).tril(), -1e9)
+    with torch.no_grad():
+        torch.testing.assert_close(wide0(emb, aux, torch.arange(5)[None], causal),
+                                   small(emb, aux, torch.arange(5)[None], causal))
+    cfg = TrainConfig(out=str(tmp_path / "wide"), init=str(tmp_path / "run"), mlp_width=3 * width,
+                      max_tokens=300, **base)
+    wide = train(cfg, target, sequences, eos_ids=(2,))
+    assert wide.midlayer.mlp.down_proj.weight[:, width:].abs().sum() > 0  # the new units learned
+    cfg.max_tokens, cfg.mlp_width = 450, 0  # a resume takes the run's own width
+    wide = train(cfg, target, sequences, eos_ids=(2,), resume=True)
+    assert wide.config.intermediate_size == 3 * width
+    out = export(wide, tmp_path / "wide_export", target, dtype=torch.float32)
+    loaded, raw = load_eagle3(str(out))
+    assert raw["intermediate_size"] == 3 * width
+    from graft_lab.train.__main__ import main
+
+    with pytest.raises(SystemExit, match=f"the --init drafter's MLP has {3 * width} units; give at least"):
+        main(["--init", str(out), "--mlp-width", str(width), "--out", str(tmp_path / "narrow")])
+    again = train(TrainConfig(out=str(tmp_path / "again"), init=str(out), **{**base, "lr": 0.0}, max_tokens=64),
+                  target, sequences, eos_ids=(2,))
+    assert again.config.intermediate_size == 3 * width  # an exported wide drafter starts a stage as it is
+    drafter = build_eagle3(Eagle3Options(path=str(out), depth=3, top_k=2), target)
+    gen = generate(target, Method(drafter, NoPruner(), NoRetriever(), graft_root, 8), data[9][0][:9],
+                   SamplingParams(), StopRule(max_new_tokens=16))
+    assert gen.tokens == hf_greedy(target.model, data[9][0][:9], 16)
 
 def test_regenerate_then_train_from_a_run(tmp_path):
     """Stage two of the shipped recipe on a tiny random target: the target's own replies are written

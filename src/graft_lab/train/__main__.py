@@ -22,7 +22,8 @@ import torch
 from ..models.target import EMBEDDED, Target, load_model
 from .data import HELDOUT, interleave, mtbench_prompts, regenerated_source, render, sharegpt_conversations, sharegpt_source
 from .decontaminate import SPEC_BENCH, build_index
-from .loop import TrainConfig, build_drafter, export, train
+from .loop import TrainConfig, build_drafter, export, read_init, train
+from .widen import mlp_width
 
 
 def _flag(name: str) -> str:
@@ -101,6 +102,11 @@ def main(argv=None) -> None:
             raise SystemExit(f"--data: {d} is neither 'sharegpt' nor a file (write one with python -m graft_lab.train.regenerate)")
     if args.grow_vocab and not args.init:
         raise SystemExit("--grow-vocab grows the draft vocab of the --init drafter: give --init too")
+    if args.mlp_width and args.init and not (args.resume and (Path(args.out) / "checkpoint.pt").is_file()):
+        have = mlp_width(read_init(args.init)["model"])
+        if args.mlp_width < have:
+            raise SystemExit(f"--mlp-width {args.mlp_width}: the --init drafter's MLP has {have} units; "
+                             f"give at least {have} (a width only grows)")
     if args.threads:
         torch.set_num_threads(args.threads)
     if "auto" in (args.target_dtype, args.autocast):
@@ -112,7 +118,7 @@ def main(argv=None) -> None:
     if args.export_only:
         ck = torch.load(Path(cfg.out) / "checkpoint.pt", weights_only=False)
         keep = torch.load(Path(cfg.out) / "vocab.pt")["keep"]
-        net = build_drafter(target, keep, "random", cfg.seed)
+        net = build_drafter(target, keep, "random", cfg.seed, mlp_width(ck["model"]))
         net.load_state_dict(ck["model"])
         print(export(net, args.export or Path(cfg.out) / "export", target), json.dumps(ck["state"]))
         return

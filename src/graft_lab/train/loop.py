@@ -20,6 +20,7 @@ from ..models.target import Target
 from .features import target_features
 from .ttt import ttt_loss
 from .vocab import count_labels, coverage, draft_vocab, grow, grow_head, maps
+from .widen import mlp_width, widen_mlp
 
 Sequences = Callable[[int], Iterator[tuple[int, torch.Tensor, torch.Tensor]]]  # skip -> (position, ids, mask)
 
@@ -50,6 +51,8 @@ class TrainConfig:
     # run (fresh optimizer and schedule)
     grow_vocab: int = 0  # with init: grow its draft vocab to this many tokens, adding the most frequent labels of the
     # first vocab_sequences (new lm_head rows mapped from the target's: vocab.grow_head); 0: keep it as it is
+    mlp_width: int = 0  # MLP hidden units; 0: the init's (a resumed run: its own), else the target's intermediate size.
+    # Wider than the init's widens it without changing its output (widen.widen_mlp)
     ckpt_every: int = 50  # optimizer steps
     log_every: int = 10
     eval_every_tokens: int = 1_000_000  # tau learning curve; 0: only at the end
@@ -61,10 +64,10 @@ class TrainConfig:
     extra: dict = field(default_factory=dict)
 
 
-def drafter_config(target: Target, draft_vocab_size: int) -> LlamaConfig:
+def drafter_config(target: Target, draft_vocab_size: int, mlp_width: int = 0) -> LlamaConfig:
     tc = target.config
     return LlamaConfig(
-        vocab_size=target.vocab_size, hidden_size=tc.hidden_size, intermediate_size=tc.intermediate_size,
+        vocab_size=target.vocab_size, hidden_size=tc.hidden_size, intermediate_size=mlp_width or tc.intermediate_size,
         num_attention_heads=tc.num_attention_heads, num_key_value_heads=tc.num_key_value_heads,
         head_dim=getattr(tc, "head_dim", None) or tc.hidden_size // tc.num_attention_heads,
         rms_norm_eps=tc.rms_norm_eps, max_position_embeddings=tc.max_position_embeddings,
@@ -74,9 +77,9 @@ def drafter_config(target: Target, draft_vocab_size: int) -> LlamaConfig:
     )
 
 
-def build_drafter(target: Target, keep: torch.Tensor, head_init: str, seed: int) -> Eagle3Model:
+def build_drafter(target: Target, keep: torch.Tensor, head_init: str, seed: int, mlp_width: int = 0) -> Eagle3Model:
     torch.manual_seed(seed)
-    net = Eagle3Model(drafter_config(target, keep.numel()), target_hidden_size=target.hidden_size)
+    net = Eagle3Model(drafter_config(target, keep.numel(), mlp_width), target_hidden_size=target.hidden_size)
     d2t, t2d = maps(keep, target.vocab_size)
     net.d2t.copy_(d2t)
     net.t2d.copy_(t2d)
@@ -206,6 +209,16 @@ def train(cfg: TrainConfig, target: Target, sequences: Sequences, val=(), eval_p
         raise ValueError("grow_vocab grows the draft vocab of the init drafter: give init too (or draft_vocab alone)")
     resuming = resume and ckpt_path.is_file()  # the run's own checkpoint and vocabulary win over the init's
     init_state = read_init(cfg.init) if cfg.init and not resuming else None
+    ck = torch.load(ckpt_path, weights_only=False) if resuming else None
+    width = cfg.mlp_width
+    if ck is not None:
+        width = mlp_width(ck["model"])
+    elif init_state is not None:
+        have = mlp_width(init_state["model"])
+        width = width or have
+        init_state["model"] = widen_mlp(init_state["model"], width, torch.Generator().manual_seed(cfg.seed))
+        if width != have:
+            print(f"[train] MLP widened from {have} to {width} units (the new ones start at zero output)", flush=True)
     torch.manual_seed(cfg.seed)
 
     def label_counts() -> torch.Tensor:
@@ -236,7 +249,7 @@ def train(cfg: TrainConfig, target: Target, sequences: Sequences, val=(), eval_p
     print(f"[train] draft vocab {keep.numel()} covers {covers} of label tokens", flush=True)
     t2d_index = torch.full((target.vocab_size,), -1, dtype=torch.long)
     t2d_index[keep] = torch.arange(keep.numel())
-    net = build_drafter(target, keep, cfg.head_init, cfg.seed)
+    net = build_drafter(target, keep, cfg.head_init, cfg.seed, width)
     if init_state is not None:
         net.load_state_dict(init_state["model"])
         print(f"[train] initialised from {cfg.init}", flush=True)
@@ -247,8 +260,7 @@ def train(cfg: TrainConfig, target: Target, sequences: Sequences, val=(), eval_p
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
                              {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95))
     state = {"step": 0, "tokens": 0, "label_tokens": 0, "consumed": 0, "wall": 0.0, "next_eval": cfg.eval_every_tokens}
-    if resume and ckpt_path.is_file():
-        ck = torch.load(ckpt_path, weights_only=False)
+    if ck is not None:
         net.load_state_dict(ck["model"])
         opt.load_state_dict(ck["opt"])
         state = ck["state"]
