@@ -411,6 +411,61 @@ def test_training_dtypes_are_chosen_by_what_they_took_here():
     assert parse(["--out", "x", "--autocast", "false"]).autocast is False
 
 
+def test_regenerate_samples_the_targets_own_tempered_distribution(tmp_path):
+    """`--temperature T`: each first reply token is drawn from softmax(logits / T) over the whole vocabulary (no
+    top-k or top-p cut), checked against the target's own logits on a peaked random target; a file is the same
+    for the same seed, also when resumed, and another seed gives other replies."""
+    from collections import Counter
+
+    from graft_lab.models.target import load_model
+    from graft_lab.train.regenerate import main as regen_main
+    from graft_lab.train.regenerate import regenerate_batch
+
+    tgt = "random:llama?seed=0&hidden=64&layers=4"
+    model, tok = load_model(tgt, dtype="float32")
+    tok.padding_side = "left"
+    with torch.no_grad():
+        model.lm_head.weight.mul_(5)  # top token 0.98 / 0.75 / 0.22 of the mass at T 0.6 / 1 / 1.7, a long tail at 1.7
+    chat = [{"role": "user", "content": "Name three rivers in Spain."}]
+    ids = tok.apply_chat_template(chat, add_generation_prompt=True, tokenize=True, return_dict=False)
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0, -1].double()
+    text = tok.batch_decode([[i] for i in range(logits.numel())], skip_special_tokens=True)
+    text[tok.eos_token_id] = ""  # an end of turn at once: an empty reply
+    n = 2000
+    for temperature in (0.6, 1.0, 1.7):
+        law = Counter()
+        for i, q in enumerate(torch.softmax(logits / temperature, -1).tolist()):
+            law[text[i]] += q
+        torch.manual_seed(0)
+        seen = Counter(reply for reply, _, _ in regenerate_batch(model, tok, [chat] * n, 1, temperature))
+        top = law.most_common(4)
+        tail = (1 - sum(q for _, q in top), n - sum(seen[r] for r, _ in top))  # a top-k or top-p cut shows here
+        for reply, (q, k) in [(r, (q, seen[r])) for r, q in top] + [("<tail>", tail)]:
+            assert abs(k / n - q) < 5 * (q * (1 - q) / n) ** 0.5 + 1e-3, (temperature, reply, k, q)
+    greedy = regenerate_batch(model, tok, [chat] * 4, 1)
+    assert {r for r, _, _ in greedy} == {text[int(logits.argmax())]}
+
+    rows = [{"question_id": i, "category": "chat", "turns": [t]} for i, t in enumerate(
+        ["Name three rivers in Spain.", "Write a haiku about rain.", "Explain a hash map.", "Say hello."])]
+    questions = tmp_path / "q.jsonl"
+    questions.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    common = ["--target", tgt, "--dtype", "float32", "--batch", "2", "--sort-window", "1", "--max-new-tokens", "8",
+              "--prompts", str(questions), "--temperature", "1.0"]
+
+    def replies(name: str, *flags: str) -> list[str]:
+        regen_main(common + ["--out", str(tmp_path / name), *flags])
+        return [json.loads(line)["messages"][1]["content"] for line in (tmp_path / name).read_text().splitlines()]
+
+    one = replies("s3.jsonl", "--seed", "3")
+    replies("s3r.jsonl", "--seed", "3", "--max-prompts", "2")  # interrupted after one window, then resumed
+    assert replies("s3r.jsonl", "--seed", "3") == one and len(one) == 4
+    assert replies("s4.jsonl", "--seed", "4") != one
+    assert json.loads((tmp_path / "s4.jsonl.meta.json").read_text())["runs"][0]["flags"]["temperature"] == 1.0
+    with pytest.raises(SystemExit):
+        regen_main(common + ["--out", str(tmp_path / "bad.jsonl"), "--temperature", "-0.5"])
+
+
 def test_regenerate_reads_a_question_file_and_leaves_evaluation_prompts_out(tmp_path):
     """`--prompts FILE`: the first turns of a question.jsonl are the prompts, except one that is an MT-Bench
     question pasted with a greeting; a rerun resumes after the last line written."""

@@ -1,11 +1,13 @@
 """Regenerate assistant replies with the target itself, so the drafter trains on the text it will see at
-decoding time (the target's own greedy continuations), not on another model's answers:
+decoding time (the target's own continuations), not on another model's answers:
 
     python -m graft_lab.train.regenerate --out runs/regen.jsonl --minutes 40
 
 Prompts are ShareGPT first user turns after the validation conversations (or from source index `--start`, for
 prompts an earlier file did not reach), or the first turns of a question.jsonl file (`--prompts FILE`); any that
-overlap an evaluation prompt are left out. Replies are greedy, batched with
+overlap an evaluation prompt are left out. Replies are greedy, or drawn from the target's own distribution at
+`--temperature` (no top-k or top-p cut), seeded per batch from `--seed` and the batch's first source index, so a
+second file of the same prompts at another seed adds other replies the target could give. Batched with
 left padding and sorted by prompt length. Each line is {"index", "messages", "complete"}; `complete` is false
 when the reply hit --max-new-tokens without an end of turn, so its last token is not an end-of-turn label.
 The file is appended to and a rerun resumes after its last index. Each run adds its flags, versions and CPU to
@@ -89,12 +91,15 @@ def prompts(tokenizer, skip: int, max_prompt_tokens: int, screen: EvalIndex | No
 
 
 @torch.no_grad()
-def regenerate_batch(model, tokenizer, batch: list[list[dict]], max_new_tokens: int) -> list[tuple[str, bool, int]]:
-    """Greedy replies for a batch of chats: (text, ended with an end of turn, reply tokens)."""
+def regenerate_batch(model, tokenizer, batch: list[list[dict]], max_new_tokens: int,
+                     temperature: float = 0.0) -> list[tuple[str, bool, int]]:
+    """Replies for a batch of chats, greedy (temperature 0) or sampled from softmax(logits / temperature) with
+    the global torch RNG: (text, ended with an end of turn, reply tokens)."""
     texts = [tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=False) for m in batch]
     enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
     eos = tokenizer.eos_token_id
-    out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=eos, eos_token_id=eos)
+    sampling = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if temperature > 0 else dict(do_sample=False)
+    out = model.generate(**enc, max_new_tokens=max_new_tokens, pad_token_id=eos, eos_token_id=eos, **sampling)
     new = out[:, enc.input_ids.shape[1]:]  # [B, <= max_new_tokens]
     replies = []
     for row in new.tolist():
@@ -125,10 +130,15 @@ def main(argv=None) -> None:
     ap.add_argument("--minutes", type=float, default=0.0, help="stop after this long (0: the whole file)")
     ap.add_argument("--max-prompts", type=int, default=0,
                     help="stop when the file holds this many replies, counting earlier runs (0: no limit)")
+    ap.add_argument("--temperature", type=float, default=0.0,
+                    help="0: greedy replies; above 0: replies sampled at this temperature, without top-k or top-p")
+    ap.add_argument("--seed", type=int, default=0, help="with --temperature: seeds each batch (seed, first index)")
     ap.add_argument("--threads", type=int, default=0)
     args = ap.parse_args(argv)
     if args.batch < 1 or args.max_new_tokens < 1:
         ap.error("--batch and --max-new-tokens must be at least 1")
+    if args.temperature < 0:
+        ap.error("--temperature must be 0 (greedy) or above")
     if args.start < 0:
         ap.error("--start must be a source index >= 0")
     if not 0 <= args.min_prompt_tokens < args.max_prompt_tokens:
@@ -159,7 +169,8 @@ def main(argv=None) -> None:
         results = {}
         for i in range(0, len(order), args.batch):
             chunk = order[i: i + args.batch]
-            replies = regenerate_batch(model, tok, [m for _, m, _ in chunk], args.max_new_tokens)
+            torch.manual_seed(args.seed * 1_000_003 + chunk[0][0])  # resumed at a window's start: as unbroken
+            replies = regenerate_batch(model, tok, [m for _, m, _ in chunk], args.max_new_tokens, args.temperature)
             for (idx, msgs, _), (text, complete, n) in zip(chunk, replies):
                 results[idx] = (msgs, text, complete)
                 new_tokens += n
