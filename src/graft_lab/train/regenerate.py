@@ -98,7 +98,9 @@ def regenerate_batch(model, tokenizer, batch: list[list[dict]], max_new_tokens: 
     texts = [tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=False) for m in batch]
     enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
     eos = tokenizer.eos_token_id
-    sampling = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if temperature > 0 else dict(do_sample=False)
+    # top_k=0 and top_p=1.0: generate's defaults (top_k 50) would cut the target's distribution
+    sampling = (dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if temperature > 0
+                else dict(do_sample=False))
     out = model.generate(**enc, max_new_tokens=max_new_tokens, pad_token_id=eos, eos_token_id=eos, **sampling)
     new = out[:, enc.input_ids.shape[1]:]  # [B, <= max_new_tokens]
     replies = []
@@ -169,7 +171,8 @@ def main(argv=None) -> None:
         results = {}
         for i in range(0, len(order), args.batch):
             chunk = order[i: i + args.batch]
-            torch.manual_seed(args.seed * 1_000_003 + chunk[0][0])  # resumed at a window's start: as unbroken
+            if args.temperature > 0:
+                torch.manual_seed(args.seed * 1_000_003 + chunk[0][0])  # resumed at a window's start: as unbroken
             replies = regenerate_batch(model, tok, [m for _, m, _ in chunk], args.max_new_tokens, args.temperature)
             for (idx, msgs, _), (text, complete, n) in zip(chunk, replies):
                 results[idx] = (msgs, text, complete)
