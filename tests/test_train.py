@@ -337,9 +337,49 @@ def test_evaluate_cli_reports_tau_per_category(tmp_path, capsys):
     for tree in ("dense", "chain"):
         assert set(res[tree]["by_category"]) == {"mt_bench", "qa", "rag"}
         assert all(v >= 1.0 for v in res[tree]["by_category"].values()) and res[tree]["tau"] >= 1.0
+    assert res["categories"] == ["mt_bench"] * 2 + ["qa", "rag"]
+    for tree in ("dense", "chain"):  # the per-prompt figures that compare pairs add up to the totals
+        each = res[tree]["per_prompt"]
+        assert len(each) == 4 and [sum(c) for c in zip(*each)] == [res[tree]["tokens"], res[tree]["steps"]]
     with pytest.raises(SystemExit):
         evaluate_main(["--drafter", str(drafter), "--target", tgt, "--trees", "bushy"])
     assert "valid: dense, chain" in capsys.readouterr().err
+
+
+def test_compare_pairs_two_evaluate_runs_prompt_by_prompt(tmp_path, capsys):
+    from graft_lab.train.compare import compare, main as compare_main, paired
+
+    # per-prompt tau 2, 3, 2 against 3, 3, 1: differences +1, 0, -1
+    p = paired([[2, 1], [3, 1], [4, 2]], [[3, 1], [3, 1], [2, 2]])
+    assert (p.base, p.new, p.mean, p.better, p.worse, p.n) == (2.25, 2.0, 0.0, 1, 1, 3)
+    assert p.se == pytest.approx((2 / 2 / 3) ** 0.5)
+    p = paired([[2, 1], [2, 1]], [[3, 1], [5, 2]])  # +1 and +0.5
+    assert (p.mean, p.better) == (0.75, 2) and p.se == pytest.approx(0.25)
+
+    def run(cats, dense, chain=None):
+        res = {"drafter": "d", "dtype": "bfloat16", "new_tokens": 8, "categories": cats, "dense": {"per_prompt": dense}}
+        if chain:
+            res["chain"] = {"per_prompt": chain}
+        return res
+    base = run(["a", "a", "b"], [[2, 1], [3, 1], [4, 2]], [[1, 1]] * 3)
+    new = run(["a", "a", "b"], [[3, 1], [3, 1], [2, 2]])
+    table = compare(base, new)
+    assert list(table) == ["dense"]  # only the trees both measured
+    assert table["dense"]["a"].mean == 0.5 and table["dense"]["b"].mean == -1.0 and table["dense"]["all"].n == 3
+    with pytest.raises(ValueError, match="not in both files"):
+        compare(base, new, ["chain"])
+    with pytest.raises(ValueError, match="different prompts"):
+        compare(base, run(["a", "b", "b"], [[1, 1]] * 3))
+    with pytest.raises(ValueError, match="no per-prompt figures"):
+        compare({k: v for k, v in base.items() if k != "categories"}, new)
+    (tmp_path / "base.json").write_text(json.dumps(base))
+    (tmp_path / "new.json").write_text(json.dumps(new))
+    compare_main([str(tmp_path / "base.json"), str(tmp_path / "new.json")])
+    out = capsys.readouterr().out
+    assert "paired +0.000 +- 0.577  (1 better, 1 worse)" in out and "paired -1.000" in out
+    with pytest.raises(SystemExit):
+        compare_main([str(tmp_path / "base.json"), str(tmp_path / "missing.json")])
+    assert "missing.json" in capsys.readouterr().err
 
 
 def test_evaluate_second_turns_follow_the_targets_own_first_reply(tmp_path, capsys):

@@ -90,6 +90,11 @@ def second_turns(model, tokenizer, questions: int, max_new: int) -> list[tuple[s
     return out
 
 
+def _brief(d: dict) -> dict:
+    """`d` without its per-prompt lists (they go to --out, not to the terminal)."""
+    return {k: v for k, v in d.items() if k not in ("per_prompt", "categories")}
+
+
 def main(argv=None) -> None:
     from ..models.target import EMBEDDED, load_model
 
@@ -124,6 +129,7 @@ def main(argv=None) -> None:
         ap.error("no prompts: give --questions > 0 or --spec-bench")
     labels, prompts = [c for c, _ in labelled], [p for _, p in labelled]
     res = {"drafter": args.drafter, "target": args.target, "dtype": args.dtype, "prompts": len(prompts),
+           "categories": labels,
            "new_tokens": args.new_tokens, "verification": "replay" if args.replay else "target"}
     replay = None
     if args.replay:
@@ -136,19 +142,22 @@ def main(argv=None) -> None:
         target = Target(model, tok)
         drafter = build_eagle3(Eagle3Options(path=args.drafter, depth=tree.depth, top_k=tree.top_k), target)
         per = {}  # category -> [tokens, steps]
+        each = []  # [tokens, steps] per prompt, in prompt order: `graft_lab.train.compare` pairs two runs by it
 
-        def log(i, tokens, steps, name=name, per=per):
+        def log(i, tokens, steps, name=name, per=per, each=each):
             agg = per.setdefault(labels[i], [0, 0])
             agg[0] += tokens
             agg[1] += steps
+            each.append([tokens, steps])
             print(json.dumps({"tree": name, "prompt": i, "category": labels[i], "tokens": tokens, "steps": steps}),
                   flush=True)
 
         res[name] = tau_of(replay or target, drafter, prompts, tree.total_tokens, args.new_tokens,
                            (tok.eos_token_id,), log)
         res[name]["by_category"] = {c: round(t / max(n, 1), 4) for c, (t, n) in per.items()}
-        print(name, json.dumps(res[name]), flush=True)
-    print(json.dumps(res))
+        res[name]["per_prompt"] = each
+        print(name, json.dumps(_brief(res[name])), flush=True)
+    print(json.dumps(_brief({k: _brief(v) if isinstance(v, dict) else v for k, v in res.items()})))
     if args.out:
         with open(args.out, "w") as f:
             json.dump(res, f, indent=2)
