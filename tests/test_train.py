@@ -366,6 +366,8 @@ def test_compare_pairs_two_evaluate_runs_prompt_by_prompt(tmp_path, capsys):
     table = compare(base, new)
     assert list(table) == ["dense"]  # only the trees both measured
     assert table["dense"]["a"].mean == 0.5 and table["dense"]["b"].mean == -1.0 and table["dense"]["all"].n == 3
+    one = compare(run(["a"] * 3, base["dense"]["per_prompt"]), run(["a"] * 3, new["dense"]["per_prompt"]))
+    assert list(one["dense"]) == ["all"]  # one category: no per-category rows
     with pytest.raises(ValueError, match="not in both files"):
         compare(base, new, ["chain"])
     with pytest.raises(ValueError, match="different prompts"):

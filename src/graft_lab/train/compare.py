@@ -63,7 +63,7 @@ def compare(base: dict, new: dict, trees: list[str] | None = None) -> dict[str, 
     for tree in trees:
         b, n = base[tree]["per_prompt"], new[tree]["per_prompt"]
         rows = {"all": paired(b, n)}
-        for c in dict.fromkeys(cats):
+        for c in dict.fromkeys(cats) if len(set(cats)) > 1 else ():  # one category: "all" says it
             idx = [i for i, ci in enumerate(cats) if ci == c]
             rows[c] = paired([b[i] for i in idx], [n[i] for i in idx])
         out[tree] = rows
