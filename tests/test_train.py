@@ -4,6 +4,7 @@ draft vocabulary, a short run with resume, and the exported drafter decoding los
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -22,6 +23,8 @@ from graft_lab.train.vocab import coverage, draft_vocab, grow, grow_head, maps
 from graft_lab.train.widen import mlp_width, widen_mlp
 from graft_lab.verify import SamplingParams
 from tiny import hf_greedy, tiny_eagle3, tiny_target
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def _inference_chain(net, aux, emb, i, steps):
@@ -344,6 +347,39 @@ def test_evaluate_cli_reports_tau_per_category(tmp_path, capsys):
     with pytest.raises(SystemExit):
         evaluate_main(["--drafter", str(drafter), "--target", tgt, "--trees", "bushy"])
     assert "valid: dense, chain" in capsys.readouterr().err
+
+
+def test_rank_temperature_experiment_is_the_drafter_at_t1_and_pairs_with_evaluate(tmp_path, capsys):
+    """experiments/rank_temperature.py at T=1 gives evaluate's dense figures prompt for prompt; another T
+    changes only which branches the tree keeps, so it still runs and pairs."""
+    import importlib.util
+
+    from graft_lab.models.target import Target, load_model
+    from graft_lab.train.compare import compare
+    from graft_lab.train.evaluate import main as evaluate_main
+    from tiny import write_eagle3
+
+    spec = importlib.util.spec_from_file_location("rank_temperature", ROOT / "experiments" / "rank_temperature.py")
+    rank = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rank)
+    tgt = "random:llama?seed=0&hidden=64&layers=4"
+    model, tok = load_model(tgt)
+    drafter = write_eagle3(Target(model, tok), tmp_path / "drafter")
+    common = ["--target", tgt, "--dtype", "float32", "--questions", "3", "--new-tokens", "8"]
+    evaluate_main(["--drafter", str(drafter), "--trees", "dense", "--out", str(tmp_path / "ev.json")] + common)
+    rank.main(["--drafter", str(drafter), "--temperatures", "1,0.2", "--out-dir", str(tmp_path / "t")] + common)
+    ev, t1, t02 = (json.loads(p.read_text()) for p in (tmp_path / "ev.json", tmp_path / "t" / "t1.json",
+                                                        tmp_path / "t" / "t0.2.json"))
+    assert t1["dense"]["per_prompt"] == ev["dense"]["per_prompt"] and t1["categories"] == ev["categories"]
+    assert compare(ev, t02)["dense"]["all"].n == 3
+    d = build_eagle3(Eagle3Options(path=str(drafter), depth=2, top_k=3), Target(model, tok))
+    h = torch.randn(2, d.net.config.hidden_size)
+    ids, lp = rank.tempered(d, 0.5)._top_k(h, 3)  # the same children, scored by softmax(logits / 0.5)
+    want = torch.log_softmax(d.net.lm_head(d.net.norm(h)).float() / 0.5, -1).topk(3, -1)
+    assert torch.equal(ids, d.to_target[want.indices]) and torch.allclose(lp, want.values, atol=1e-5)
+    with pytest.raises(SystemExit):
+        rank.main(["--drafter", str(drafter), "--temperatures", "0", "--out-dir", str(tmp_path / "t")])
+    assert "must be > 0" in capsys.readouterr().err
 
 
 def test_compare_pairs_two_evaluate_runs_prompt_by_prompt(tmp_path, capsys):
