@@ -23,7 +23,7 @@ from graft_lab.train.evaluate import TREES, labelled_prompts, tau_of
 def tempered(drafter, temperature: float):
     """`drafter` ranking by softmax(logits / temperature): its network's logits, divided."""
     logits = drafter.net.logits
-    drafter.net.logits = lambda hidden: logits(hidden) / temperature
+    drafter.net.logits = lambda hidden: logits(hidden).float() / temperature  # in fp32, as the drafter ranks
     return drafter
 
 
@@ -50,7 +50,8 @@ def main(argv=None) -> None:
     args.out_dir.mkdir(parents=True, exist_ok=True)
     for t in temps:
         target = Target(model, tok)
-        drafter = tempered(build_eagle3(Eagle3Options(path=args.drafter, depth=tree.depth, top_k=tree.top_k), target), t)
+        opts = Eagle3Options(path=args.drafter, depth=tree.depth, top_k=tree.top_k)
+        drafter = tempered(build_eagle3(opts, target), t)
         each = []
         res = tau_of(target, drafter, prompts, tree.total_tokens, args.new_tokens, (tok.eos_token_id,),
                      lambda i, tokens, steps: each.append([tokens, steps]))
