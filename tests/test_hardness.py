@@ -86,6 +86,11 @@ def test_select_keeps_whole_replies_in_order_up_to_the_budget(setup, capsys):
     rand = H.pick(rows, "random", 30, seed=4)
     assert rand == H.pick(rows, "random", 30, seed=4) and len(rand) == 3 and all(r["line"] != 2 for r in rand)
     assert {r["line"] for r in H.pick(rows, "random", 80, seed=5)} == {0, 1, 3, 4, 5, 6, 7}
+    # stratified: each file keeps its share of the pool's tokens (here 5/7 and 2/7), hardest first within it
+    two = [dict(r, file="g" if r["line"] >= 6 else "f") for r in rows]
+    strat = H.pick(two, "hardest", 35, seed=1, stratify=True)
+    assert sorted((r["file"], r["line"]) for r in strat) == [("f", 0), ("f", 1), ("f", 3), ("g", 6)]
+    assert sorted(r["line"] for r in H.pick(two, "hardest", 35, seed=1)) == [0, 1, 3, 4]
 
     scores = tmp / "scores.jsonl"
     out = tmp / "hard.jsonl"

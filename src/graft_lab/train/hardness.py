@@ -9,8 +9,9 @@
 `score` renders every reply as the trainer does, runs the drafter's TTT steps on the target's features (teacher
 forced, no gradient) and appends, per reply, the top-1 agreement with the target's full-vocabulary argmax at each
 step (what greedy acceptance needs). It resumes after the last reply it wrote. `select` keeps whole replies, lowest
-mean agreement first (`hardest`) or in a seeded random order (`random`), until `--max-tokens` sequence tokens, and
-writes them shuffled, in the `regenerate` format, so `python -m graft_lab.train --data` reads them."""
+mean agreement first (`hardest`) or in a seeded random order (`random`), until `--max-tokens` sequence tokens
+(`--stratify`: within each source file, up to its share of the pool's tokens), and writes them shuffled, in the
+`regenerate` format, so `python -m graft_lab.train --data` reads them."""
 
 from __future__ import annotations
 
@@ -114,9 +115,22 @@ def score(args) -> None:
           f"evaluation prompt, {counts['no labels']} have no label -> {out}", flush=True)
 
 
-def pick(rows: list[dict], how: str, max_tokens: int, seed: int, min_labels: int = 8) -> list[dict]:
+def _take(order: list[dict], max_tokens: float) -> list[dict]:
+    chosen, total = [], 0
+    for r in order:
+        if total >= max_tokens:
+            break
+        chosen.append(r)
+        total += r["tokens"]
+    return chosen
+
+
+def pick(rows: list[dict], how: str, max_tokens: int, seed: int, min_labels: int = 8,
+         stratify: bool = False) -> list[dict]:
     """Whole replies in `how` order (hardest: lowest agreement first) until `max_tokens` sequence tokens, then
-    shuffled with `seed`. Replies with fewer than `min_labels` labels are left out, as the trainer skips them."""
+    shuffled with `seed`. Replies with fewer than `min_labels` labels are left out, as the trainer skips them.
+    `stratify`: each source file gets its share of the pool's tokens, and the order applies within each file, so
+    the pick changes which replies of a source are kept, not how much of each source."""
     rows = [r for r in rows if r["labels"] >= min_labels]
     rng = random.Random(seed)
     if how == "random":
@@ -124,12 +138,13 @@ def pick(rows: list[dict], how: str, max_tokens: int, seed: int, min_labels: int
         rng.shuffle(order)
     else:
         order = sorted(rows, key=agreement, reverse=how == "easiest")
-    chosen, total = [], 0
-    for r in order:
-        if total >= max_tokens:
-            break
-        chosen.append(r)
-        total += r["tokens"]
+    if stratify:
+        pool = sum(r["tokens"] for r in rows)
+        files = sorted({r["file"] for r in rows})
+        chosen = [r for f in files for r in _take([r for r in order if r["file"] == f],
+                                                  max_tokens * sum(r["tokens"] for r in rows if r["file"] == f) / pool)]
+    else:
+        chosen = _take(order, max_tokens)
     rng.shuffle(chosen)
     return chosen
 
@@ -139,7 +154,7 @@ def select(args) -> None:
     if not path.is_file():
         raise SystemExit(f"--scores: {path} is not a file (write one with python -m graft_lab.train.hardness score)")
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    chosen = pick(rows, args.pick, args.max_tokens, args.seed)
+    chosen = pick(rows, args.pick, args.max_tokens, args.seed, stratify=args.stratify)
     if not chosen:
         raise SystemExit(f"--scores: {path} holds no reply with at least 8 labels")
     lines = {}
@@ -157,7 +172,7 @@ def select(args) -> None:
     for r in chosen:
         per_file[r["file"]] = per_file.get(r["file"], 0) + 1
     tokens = sum(r["tokens"] for r in chosen)
-    summary = {"pick": args.pick, "seed": args.seed, "replies": len(chosen), "of": len(rows), "tokens": tokens,
+    summary = {"pick": args.pick, "stratify": args.stratify, "seed": args.seed, "replies": len(chosen), "of": len(rows), "tokens": tokens,
                "agreement": round(mean_agreement(chosen), 4), "agreement_all": round(mean_agreement(rows), 4),
                "per_file": per_file}
     out.with_name(out.name + ".meta.json").write_text(json.dumps(summary, indent=1) + "\n")
@@ -184,6 +199,8 @@ def main(argv=None) -> None:
     c.add_argument("--scores", required=True)
     c.add_argument("--pick", choices=PICKS, default="hardest")
     c.add_argument("--max-tokens", type=int, required=True, help="sequence tokens to keep")
+    c.add_argument("--stratify", action="store_true",
+                   help="keep each source file's share of the pool's tokens; --pick orders the replies within each")
     c.add_argument("--seed", type=int, default=0, help="the random pick and the order of the stream")
     c.add_argument("--out", required=True)
     args = ap.parse_args(argv)
