@@ -114,8 +114,11 @@ def test_select_keeps_whole_replies_in_order_up_to_the_budget(setup, capsys):
     (["select", "--scores", "nowhere.jsonl", "--max-tokens", "10", "--out", "x"], "is not a file"),
     (["select", "--scores", "nowhere.jsonl", "--max-tokens", "0", "--out", "x"], "at least 1"),
     (["score", "--drafter", "d", "--data", "nowhere.jsonl", "--out", "x"], "is not a file"),
+    (["score", "--drafter", "nowhere", "--data", "DATA", "--out", "x", "--target", TARGET, "--target-dtype", "float32"],
+     "--drafter: init='nowhere' is neither a training run directory"),
 ])
-def test_bad_arguments_are_one_line_errors(argv, message, capsys):
+def test_bad_arguments_are_one_line_errors(argv, message, capsys, setup):
+    argv = [str(setup[5][0]) if a == "DATA" else a for a in argv]
     with pytest.raises(SystemExit) as exc:
         H.main(argv)
     said = str(exc.value) if exc.value.code not in (0, 2) else capsys.readouterr().err

@@ -81,7 +81,10 @@ def score(args) -> None:
         torch.set_num_threads(args.threads)
     model, tok = load_model(args.target, dtype=args.target_dtype)
     target = Target(model, tok)
-    init = read_init(args.drafter)
+    try:
+        init = read_init(args.drafter)
+    except FileNotFoundError as exc:
+        raise SystemExit(f"--drafter: {exc}") from None
     keep = init["vocab"]["keep"]
     net = build_drafter(target, keep, "random", 0, mlp_width(init["model"]))
     net.load_state_dict(init["model"])
