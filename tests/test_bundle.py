@@ -9,7 +9,7 @@ import pytest
 from graft_lab.errors import ConfigError
 from graft_lab.profile import cpu_isa
 from graft_lab.train.bundle import main as bundle_main
-from graft_lab.train.bundle import pack, read, restore
+from graft_lab.train.bundle import pack, prompt_hash, read, restore
 from graft_lab.train.decontaminate import build_index
 from graft_lab.train.regenerate import main as regen_main
 from graft_lab.train.regenerate import meta_path
@@ -115,7 +115,29 @@ def test_an_inline_bundle_carries_its_prompts_and_restores_without_a_source(tmp_
         restore(edited, tmp_path / "y.jsonl")
 
 
-def test_pack_refuses_an_empty_file_and_a_conversation_that_is_not_a_first_turn(tmp_path):
+def test_a_second_turn_bundle_round_trips_and_checks_the_whole_prompt(tmp_path):
+    regen = tmp_path / "regen.jsonl"
+    regen_main(COMMON + ["--out", str(regen), "--turn", "2", "--max-prompts", "3", "--max-prompt-tokens", "400"])
+    bundle = tmp_path / "b.jsonl.gz"
+    header = pack(regen, None, bundle)
+    assert header["turn"] == 2 and header["replies"] == 3
+    back = tmp_path / "back.jsonl"
+    assert restore(bundle, back) == 3 and back.read_bytes() == regen.read_bytes()
+    with pytest.raises(ConfigError, match="first turns only"):
+        pack(regen, None, tmp_path / "c.jsonl.gz", inline=True)
+
+    lines = gzip.decompress(bundle.read_bytes()).decode().splitlines()
+    row = json.loads(lines[1])
+    first_turn = json.loads(regen.read_text().splitlines()[0])["messages"][0]["content"]
+    assert row["prompt"] != prompt_hash(first_turn)  # the hash covers ShareGPT's reply and the second turn too
+    edited = tmp_path / "edited.jsonl.gz"
+    header1 = json.dumps({k: v for k, v in json.loads(lines[0]).items() if k != "turn"})
+    edited.write_bytes(gzip.compress("\n".join([header1] + lines[1:]).encode()))  # read as first turns: refused
+    with pytest.raises(ConfigError, match=f"source index {row['index']} is not the one"):
+        restore(edited, tmp_path / "y.jsonl")
+
+
+def test_pack_refuses_an_empty_file_a_conversation_that_is_not_a_regenerated_turn_and_mixed_turns(tmp_path):
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
     with pytest.raises(ConfigError, match="holds no replies"):
@@ -123,7 +145,13 @@ def test_pack_refuses_an_empty_file_and_a_conversation_that_is_not_a_first_turn(
     long = tmp_path / "long.jsonl"
     msgs = [{"role": r, "content": "x"} for r in ("user", "assistant", "user", "assistant")]
     long.write_text(json.dumps({"index": 3, "messages": msgs, "complete": True}) + "\n")
-    with pytest.raises(ConfigError, match="not a regenerated first turn"):
+    with pytest.raises(ConfigError, match="not a regenerated turn"):  # the first reply is not marked as context
+        pack(long, None, tmp_path / "b.jsonl.gz")
+    msgs[1]["label"] = False
+    first = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]
+    long.write_text("".join(json.dumps({"index": i, "messages": m, "complete": True}) + "\n"
+                            for i, m in ((3, msgs), (4, first))))
+    with pytest.raises(ConfigError, match=r"mixes replies to user turns \[1, 2\]"):
         pack(long, None, tmp_path / "b.jsonl.gz")
 
 
@@ -154,5 +182,5 @@ def test_every_committed_bundle_restores_from_its_source(tmp_path, bundle):
     assert restore(bundle, out, prompts) == header["replies"] == len(rows)
     restored = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["index"] for r in restored] == [r["index"] for r in rows]
-    assert all(r["messages"][1]["content"] == b["reply"] for r, b in zip(restored, rows))
+    assert all(r["messages"][-1]["content"] == b["reply"] for r, b in zip(restored, rows))
     assert header["regenerate"]["runs"], "a committed bundle says how its replies were made"

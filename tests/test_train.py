@@ -3,6 +3,7 @@ draft vocabulary, a short run with resume, and the exported drafter decoding los
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -542,6 +543,41 @@ def test_regenerate_samples_the_targets_own_tempered_distribution(tmp_path):
     assert json.loads((tmp_path / "s4.jsonl.meta.json").read_text())["runs"][0]["flags"]["temperature"] == 1.0
     with pytest.raises(SystemExit):
         regen_main(common + ["--out", str(tmp_path / "bad.jsonl"), "--temperature", "-0.5"])
+
+
+def test_regenerate_a_later_turn_keeps_the_conversation_before_it_as_context(tmp_path):
+    """`--turn 2`: the prompt is a ShareGPT conversation up to its second user turn, ShareGPT's first reply
+    marked as context; the trainer's mask labels the target's reply alone, and a question file is refused."""
+    from graft_lab.models.random_model import random_tokenizer
+    from graft_lab.train.data import render, sharegpt_conversations
+    from graft_lab.train.regenerate import main as regen_main
+    from graft_lab.train.regenerate import prompt_turns
+
+    out = tmp_path / "turn2.jsonl"
+    common = ["--target", "random:llama?seed=0&hidden=64&layers=4", "--dtype", "float32", "--batch", "2",
+              "--sort-window", "2", "--max-new-tokens", "5", "--max-prompt-tokens", "400"]
+    regen_main(common + ["--out", str(out), "--turn", "2", "--max-prompts", "3"])
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    convs = dict(itertools.islice(sharegpt_conversations(skip=rows[0]["index"]), rows[-1]["index"] - rows[0]["index"] + 1))
+    assert len(rows) == 3
+    for r in rows:
+        msgs, source = r["messages"], convs[r["index"]]
+        assert [m["role"] for m in msgs] == ["user", "assistant", "user", "assistant"]
+        assert [m["content"] for m in msgs[:3]] == [m["content"] for m in source[:3]]  # ShareGPT's own turns
+        assert msgs[1]["label"] is False and "label" not in msgs[3]
+    tok = random_tokenizer()
+    msgs = rows[0]["messages"]
+    ids, mask = render(tok, msgs, 4096)
+    _, both = render(tok, [{k: v for k, v in m.items() if k != "label"} for m in msgs], 4096)
+    reply = tok(msgs[3]["content"] + "<|im_end|>", add_special_tokens=False)["input_ids"]
+    assert int(mask.sum()) == len(reply) and ids[mask].tolist() == reply  # the target's reply, nothing before it
+    assert int(both.sum()) > int(mask.sum()) and bool((both | ~mask).all())  # unmarked, ShareGPT's reply is a label
+    one = next(prompt_turns(None, rows[0]["index"], 1))[1]
+    assert [m["role"] for m in one] == ["user"]  # turn 1: the first user turn alone, as before
+    with pytest.raises(SystemExit):
+        regen_main(common + ["--out", str(tmp_path / "q.jsonl"), "--turn", "2", "--prompts", str(out)])
+    with pytest.raises(SystemExit):
+        regen_main(common + ["--out", str(tmp_path / "q.jsonl"), "--turn", "0"])
 
 
 def test_regenerate_reads_a_question_file_and_leaves_evaluation_prompts_out(tmp_path):

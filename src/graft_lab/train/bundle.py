@@ -15,8 +15,10 @@ target's own self-prompts, `graft_lab.train.selfprompt`) travel in the bundle in
     python -m graft_lab.train.bundle restore data/regen/self_greedy.jsonl.gz --out runs/regen/self_greedy.jsonl
 
 `restore` writes the file `regenerate` wrote, line for line, so `regenerate` resumes after it and training reads it.
-The first line of a bundle is its header: the source, the reply count, and the regeneration's provenance
-(`regenerate` writes it beside its output as OUT.meta.json: target, dtype, flags, versions, CPU).
+The first line of a bundle is its header: the source, the reply count, the user turn the replies answer when it is
+not the first (`regenerate --turn`; the hash then covers the turns and ShareGPT's replies before it), and the
+regeneration's provenance (`regenerate` writes it beside its output as OUT.meta.json: target, dtype, flags,
+versions, CPU).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from ..errors import ConfigError
-from .regenerate import first_turns, meta_path, written
+from .regenerate import meta_path, prompt_turns, written
 
 FORMAT = 1
 
@@ -38,14 +40,27 @@ def prompt_hash(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def _rows(path: Path) -> list[dict]:
+def prompt_key(prompt: list[dict]) -> str:
+    """The hash of a prompt's turns (for a first turn, of its text alone, as format 1 always had it)."""
+    return prompt_hash("\x00".join(m["content"] for m in prompt))
+
+
+def _rows(path: Path) -> tuple[list[dict], int]:
+    """The replies `regenerate` wrote to `path`, and the user turn they answer (1, or its `--turn`)."""
     count, _ = written(path)
     rows = [json.loads(line) for line in path.read_text().splitlines()[:count]]
+    turns = set()
     for r in rows:
-        roles = [m["role"] for m in r["messages"]]
-        if roles != ["user", "assistant"]:
-            raise ConfigError(f"{path}: line of index {r['index']} has roles {roles}, not a regenerated first turn")
-    return rows
+        msgs = r["messages"]
+        roles = [m["role"] for m in msgs]
+        context = all(m.get("label") is False for m in msgs[1:-1:2])  # replies before the target's: not its own
+        if len(msgs) % 2 or roles != ["user", "assistant"] * (len(msgs) // 2) or not context:
+            raise ConfigError(f"{path}: line of index {r['index']} has roles {roles}, not a regenerated turn "
+                              "(user turns and context replies, then the target's reply)")
+        turns.add(len(msgs) // 2)
+    if len(turns) > 1:
+        raise ConfigError(f"{path} mixes replies to user turns {sorted(turns)}: a bundle answers one turn")
+    return rows, turns.pop() if turns else 1
 
 
 def source_name(prompts: Path | None, inline: bool) -> str:
@@ -55,16 +70,19 @@ def source_name(prompts: Path | None, inline: bool) -> str:
 def pack(regen: Path, prompts: Path | None, out: Path, inline: bool = False) -> dict:
     """Write `regen`'s replies to the gzip bundle `out`, with each prompt's hash and, when `inline`, its text;
     returns the bundle's header."""
-    rows = _rows(regen)
+    rows, turn = _rows(regen)
     if not rows:
         raise ConfigError(f"{regen} holds no replies to pack")
+    if inline and turn > 1:
+        raise ConfigError(f"{regen} answers user turn {turn}: --inline carries first turns only")
     meta = meta_path(regen)
     header = {"bundle": FORMAT, "source": source_name(prompts, inline),
               "prompts": None if prompts is None else prompts.name, "replies": len(rows),
+              **({"turn": turn} if turn > 1 else {}),
               "regenerate": json.loads(meta.read_text()) if meta.is_file() else None}
-    lines = [header] + [{"index": r["index"], "prompt": prompt_hash(r["messages"][0]["content"]),
+    lines = [header] + [{"index": r["index"], "prompt": prompt_key(r["messages"][:-1]),
                          **({"user": r["messages"][0]["content"]} if inline else {}),
-                         "reply": r["messages"][1]["content"], "complete": r["complete"]} for r in rows]
+                         "reply": r["messages"][-1]["content"], "complete": r["complete"]} for r in rows]
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=9, mtime=0) as f:
         f.write("".join(json.dumps(x) + "\n" for x in lines).encode())  # mtime 0: same replies, same bytes
@@ -82,18 +100,20 @@ def read(bundle: Path) -> tuple[dict, list[dict]]:
     return header, [json.loads(line) for line in lines[1:]]
 
 
-def _prompts(rows: list[dict], prompts: Path | None, inline: bool) -> Iterator[tuple[dict, list[dict]]]:
-    """(bundle row, [the user message at its source index]) in the bundle's order."""
+def _prompts(rows: list[dict], prompts: Path | None, inline: bool,
+             turn: int = 1) -> Iterator[tuple[dict, list[dict]]]:
+    """(bundle row, the prompt at its source index: the conversation up to user turn `turn`) in the bundle's
+    order."""
     if inline:
         yield from ((row, [{"role": "user", "content": row["user"]}]) for row in rows)
         return
     wanted = iter(rows)
     row = next(wanted, None)
-    for idx, first in first_turns(prompts, rows[0]["index"]):
+    for idx, prompt in prompt_turns(prompts, rows[0]["index"], turn):
         if row is None:
             return
         if idx == row["index"]:
-            yield row, first
+            yield row, prompt
             row = next(wanted, None)
     if row is not None:
         raise ConfigError(f"the prompt source ends before index {row['index']}: "
@@ -112,12 +132,12 @@ def restore(bundle: Path, out: Path, prompts: Path | None = None) -> int:
     if prompts is not None and not prompts.is_file():
         raise ConfigError(f"--prompts {prompts} does not exist: build it with `python -m graft_lab.train.prompts`")
     lines = []
-    for row, first in _prompts(rows, prompts, inline):
-        if prompt_hash(first[0]["content"]) != row["prompt"]:
+    for row, prompt in _prompts(rows, prompts, inline, header.get("turn", 1)):
+        if prompt_key(prompt) != row["prompt"]:
             why = "its text in the bundle was edited" if inline else "its source changed"
             raise ConfigError(f"the prompt at source index {row['index']} is not the one {bundle.name} was packed "
                               f"with: {why}")
-        messages = first + [{"role": "assistant", "content": row["reply"]}]
+        messages = prompt + [{"role": "assistant", "content": row["reply"]}]
         lines.append(json.dumps({"index": row["index"], "messages": messages, "complete": row["complete"]}) + "\n")
     have = out.read_text() if out.is_file() else ""
     text = "".join(lines)

@@ -115,11 +115,18 @@ _ASSISTANT = re.compile(r"<\|im_start\|>assistant\n(.*?<\|im_end\|>)", re.S)
 def render(tokenizer, messages: list[dict], max_len: int, complete: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """Token ids [T] of the chat-template rendering and a bool mask [T] of assistant tokens (reply text and
     its end-of-turn token: what the model writes). Truncated to `max_len` tokens. `complete=False`: the last
-    reply was cut off, so its end-of-turn token is not a label."""
+    reply was cut off, so its end-of-turn token is not a label. An assistant message with `"label": False` is
+    context, not a label (another model's reply before the target's, `regenerate --turn`)."""
     text = tokenizer.apply_chat_template(messages, tokenize=False)
     enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True, truncation=True, max_length=max_len)
     ids = torch.tensor(enc["input_ids"], dtype=torch.long)
     spans = [m.span(1) for m in _ASSISTANT.finditer(text)]
+    labels = [m.get("label", True) for m in messages if m["role"] == "assistant"]
+    if not all(labels):
+        if len(labels) != len(spans):
+            raise ValueError(f"{len(spans)} assistant turns in the rendering, {len(labels)} in the messages: "
+                             "cannot tell which are context")
+        spans = [s for s, keep in zip(spans, labels) if keep]
     mask = torch.zeros(len(ids), dtype=torch.bool)
     j = 0
     for t, (a, b) in enumerate(enc["offset_mapping"]):

@@ -5,10 +5,11 @@ decoding time (the target's own continuations), not on another model's answers:
 
 Prompts are ShareGPT first user turns after the validation conversations (or from source index `--start`, for
 prompts an earlier file did not reach), or the first turns of a question.jsonl file (`--prompts FILE`); any that
-overlap an evaluation prompt are left out. Replies are greedy, or drawn from the target's own distribution at
-`--temperature` (no top-k or top-p cut), seeded per batch from `--seed` and the batch's first source index, so a
-second file of the same prompts at another seed adds other replies the target could give. Batched with
-left padding and sorted by prompt length. Each line is {"index", "messages", "complete"}; `complete` is false
+overlap an evaluation prompt are left out. `--turn K` takes ShareGPT's K-th user turns instead, after the
+conversation's own turns and replies before it, which stay context: the trainer learns only the target's reply.
+Replies are greedy, or drawn from the target's own distribution at `--temperature` (no top-k or top-p cut),
+seeded per batch from `--seed` and the batch's first source index, so a second file of the same prompts at
+another seed adds other replies the target could give. Batched with left padding and sorted by prompt length. Each line is {"index", "messages", "complete"}; `complete` is false
 when the reply hit --max-new-tokens without an end of turn, so its last token is not an end-of-turn label.
 The file is appended to and a rerun resumes after its last index. Each run adds its flags, versions and CPU to
 OUT.meta.json, and `graft_lab.train.bundle` packs the replies into a small file git can carry.
@@ -28,6 +29,7 @@ import torch
 import transformers
 
 from ..data.base import read_question_jsonl
+from ..errors import ConfigError
 from ..models.target import EMBEDDED, load_model
 from ..profile import cpu_isa, device_fingerprint, device_name
 from .data import HELDOUT, heldout_end, sharegpt_conversations
@@ -71,23 +73,33 @@ def question_file(path: Path, skip: int = 0) -> Iterator[tuple[int, list[dict]]]
             yield idx, [{"role": "user", "content": q.turns[0]}]
 
 
-def first_turns(source: Path | None, skip: int = 0) -> Iterator[tuple[int, list[dict]]]:
-    """(source index, [first user turn]) from index `skip`: ShareGPT's, or those of a question.jsonl `source`."""
+def prompt_turns(source: Path | None, skip: int = 0, turn: int = 1) -> Iterator[tuple[int, list[dict]]]:
+    """(source index, the conversation up to its `turn`-th user message) from index `skip`: ShareGPT's, or (turn 1
+    only) those of a question.jsonl `source`. Conversations with fewer user turns are skipped. The replies before
+    that turn are ShareGPT's, not the target's: they are context, marked `"label": False`, so the trainer does
+    not learn them as the target's text (`data.render`)."""
+    if turn < 1:
+        raise ConfigError(f"turn {turn}: the first user turn is turn 1")
+    if turn > 1 and source is not None:
+        raise ConfigError(f"turn {turn} needs ShareGPT prompts: a question.jsonl has no replies to put before it")
     for idx, msgs in sharegpt_conversations(skip=skip) if source is None else question_file(source, skip):
-        yield idx, msgs[:1]
+        if len(msgs) >= 2 * turn - 1:
+            yield idx, [dict(m, label=False) if m["role"] == "assistant" else m for m in msgs[: 2 * turn - 1]]
 
 
 def prompts(tokenizer, skip: int, max_prompt_tokens: int, screen: EvalIndex | None = None,
-            source: Path | None = None, min_prompt_tokens: int = 0) -> Iterator[tuple[int, list[dict], int]]:
-    """(source index, [first user turn], prompt length) for prompts of more than `min_prompt_tokens` and at most
-    `max_prompt_tokens` tokens, from index `skip`: ShareGPT's, or those of a question.jsonl `source`. Prompts that
-    overlap an evaluation prompt in `screen` are left out."""
-    for idx, first in first_turns(source, skip):
-        if not first[0]["content"] or (screen is not None and screen.conversation(first)):
+            source: Path | None = None, min_prompt_tokens: int = 0,
+            turn: int = 1) -> Iterator[tuple[int, list[dict], int]]:
+    """(source index, the conversation up to its `turn`-th user message, prompt length) for prompts of more than
+    `min_prompt_tokens` and at most `max_prompt_tokens` tokens, from index `skip`: ShareGPT's, or those of a
+    question.jsonl `source`. Prompts with an empty turn, or any user turn that overlaps an evaluation prompt in
+    `screen`, are left out."""
+    for idx, msgs in prompt_turns(source, skip, turn):
+        if not all(m["content"] for m in msgs) or (screen is not None and screen.conversation(msgs)):
             continue
-        n = len(tokenizer.apply_chat_template(first, add_generation_prompt=True, tokenize=True, return_dict=False))
+        n = len(tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True, return_dict=False))
         if min_prompt_tokens < n <= max_prompt_tokens:
-            yield idx, first, n
+            yield idx, msgs, n
 
 
 @torch.no_grad()
@@ -122,7 +134,9 @@ def main(argv=None) -> None:
     ap.add_argument("--start", type=int, default=0,
                     help="first source index to read (ShareGPT entry or question.jsonl line), e.g. where an earlier "
                          "file stopped; a resumed file continues after its own last index")
-    ap.add_argument("--max-prompt-tokens", type=int, default=192)
+    ap.add_argument("--turn", type=int, default=1,
+                    help="reply to ShareGPT's K-th user turn, after the conversation before it (default: the first)")
+    ap.add_argument("--max-prompt-tokens", type=int, default=192, help="prompt tokens, with any turns before it")
     ap.add_argument("--min-prompt-tokens", type=int, default=0,
                     help="leave out prompts of this many tokens or fewer, e.g. the ones an earlier file with "
                          "--max-prompt-tokens N already holds (--min-prompt-tokens N)")
@@ -141,6 +155,10 @@ def main(argv=None) -> None:
         ap.error("--batch and --max-new-tokens must be at least 1")
     if args.temperature < 0:
         ap.error("--temperature must be 0 (greedy) or above")
+    if args.turn < 1:
+        ap.error("--turn must be 1 (the first user turn) or above")
+    if args.turn > 1 and args.prompts != "sharegpt":
+        ap.error("--turn above 1 needs --prompts sharegpt: a question.jsonl has no replies to put before the turn")
     if args.start < 0:
         ap.error("--start must be a source index >= 0")
     if not 0 <= args.min_prompt_tokens < args.max_prompt_tokens:
@@ -157,7 +175,8 @@ def main(argv=None) -> None:
     done, last = written(out)
     record_run(out, args, done)
     skip = max(heldout_end(args.heldout) if source is None else 0, args.start, last + 1)
-    stream = prompts(tok, skip, args.max_prompt_tokens, build_index(), source, args.min_prompt_tokens)
+    stream = prompts(tok, skip, args.max_prompt_tokens, build_index(), source, args.min_prompt_tokens,
+                     args.turn)
     from tqdm import tqdm
 
     bar = tqdm(unit="reply", dynamic_ncols=True, mininterval=5)
