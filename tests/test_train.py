@@ -421,15 +421,27 @@ def test_compare_pairs_two_evaluate_runs_prompt_by_prompt(tmp_path, capsys):
     assert "missing.json" in capsys.readouterr().err
 
 
-def test_evaluate_second_turns_follow_the_targets_own_first_reply(tmp_path, capsys):
+def test_evaluate_second_turns_follow_the_targets_own_first_reply(tmp_path, capsys, monkeypatch):
     from graft_lab.models.target import Target, load_model
     from graft_lab.train.data import mtbench_questions
     from graft_lab.train.evaluate import main as evaluate_main, second_turns
     from tiny import write_eagle3
 
+    monkeypatch.setenv("GRAFT_LAB_CACHE", str(tmp_path / "cache"))
     tgt = "random:llama?seed=0&hidden=64&layers=4"
     model, tok = load_model(tgt)
-    turns = second_turns(model, tok, 2, 5)
+    cache = tmp_path / "first"
+    turns = second_turns(model, tok, 2, 5, tgt, cache)
+    files = sorted(cache.glob("*.json"))
+    assert len(files) == 2
+    assert [(c, i.tolist()) for c, i in second_turns(model, tok, 2, 5, tgt, cache)] == [
+        (c, i.tolist()) for c, i in turns]  # read back: the same prompts
+    for f in files:  # a cached reply is what the next run uses: mark it, and the prompt carries the mark
+        f.write_text(json.dumps({**json.loads(f.read_text()), "reply": "CACHED"}))
+    assert all("CACHED" in tok.decode(i) for _, i in second_turns(model, tok, 2, 5, tgt, cache))
+    assert not any("CACHED" in tok.decode(i) for _, i in second_turns(model, tok, 2, 6, tgt, cache))  # own key
+    assert not any("CACHED" in tok.decode(i) for _, i in second_turns(model, tok, 2, 5, "other", cache))
+    assert len(list(cache.glob("*.json"))) == 6
     qs = mtbench_questions()[:2]
     for (cat, ids), q in zip(turns, qs):
         text = tok.decode(ids)

@@ -10,8 +10,10 @@
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import time
+from pathlib import Path
 
 import torch
 from tqdm import tqdm
@@ -20,6 +22,7 @@ from ..decode import Method, StopRule, generate
 from ..drafters.eagle3 import Eagle3Drafter, build_eagle3, Eagle3Options
 from ..drafters.eagle3_model import Eagle3Model
 from ..graft import graft_root
+from ..models.embedded import cache_root
 from ..models.target import Target
 from ..pruners.base import NoPruner
 from ..retrievers.base import NoRetriever
@@ -73,17 +76,34 @@ def labelled_prompts(tokenizer, questions: int, spec_bench: str | None, per_cate
     return out
 
 
-def second_turns(model, tokenizer, questions: int, max_new: int) -> list[tuple[str, torch.Tensor]]:
+def first_replies_dir() -> Path:
+    return cache_root() / "first_replies"
+
+
+def second_turns(model, tokenizer, questions: int, max_new: int, name: str = "",
+                 cache: Path | None = None) -> list[tuple[str, torch.Tensor]]:
     """("mt_bench_turn2", prompt ids) for the first `questions` MT-Bench questions: the first turn, the target's own
     greedy reply to it (`regenerate`'s transformers `generate`, at most `max_new` tokens, in the model's dtype), then
-    the second turn. The reply comes from the target alone, so every drafter meets the same second-turn prompts."""
+    the second turn. The reply comes from the target alone, so every drafter meets the same second-turn prompts.
+    Replies are cached in `cache` (default: first_replies/ under graft-lab's cache) for the target `name`, its
+    weights, dtype, torch and CPU (bf16 numerics differ between CPUs), so the next drafter's A/B reads them back."""
+    from ..profile import device_fingerprint
     from .data import mtbench_questions
     from .regenerate import regenerate_batch
+    from .replay import weights_digest
 
+    cache = cache or first_replies_dir()
+    cache.mkdir(parents=True, exist_ok=True)
+    salt = [name, weights_digest(model), str(model.dtype), torch.__version__, device_fingerprint(model.device), max_new]
     out = []
     for q in tqdm(mtbench_questions()[:questions], desc="target's first replies", unit="question"):
         first = [{"role": "user", "content": q["turns"][0]}]
-        reply = regenerate_batch(model, tokenizer, [first], max_new)[0][0]  # one at a time: no padding
+        path = cache / f"{hashlib.sha1(json.dumps(salt + [q['turns'][0]]).encode()).hexdigest()[:20]}.json"
+        try:
+            reply = json.loads(path.read_text())["reply"]
+        except (OSError, ValueError, KeyError):
+            reply = regenerate_batch(model, tokenizer, [first], max_new)[0][0]  # one at a time: no padding
+            path.write_text(json.dumps({"target": name, "dtype": str(model.dtype), "reply": reply}))
         msgs = first + [{"role": "assistant", "content": reply}, {"role": "user", "content": q["turns"][1]}]
         out.append(("mt_bench_turn2", torch.tensor(tokenizer.apply_chat_template(
             msgs, add_generation_prompt=True, tokenize=True, return_dict=False))))
@@ -124,7 +144,7 @@ def main(argv=None) -> None:
     turns = args.turns.split(",")
     labelled = labelled_prompts(tok, args.questions if "1" in turns else 0, args.spec_bench, args.per_category)
     if "2" in turns:
-        labelled += second_turns(model, tok, args.questions, args.new_tokens)
+        labelled += second_turns(model, tok, args.questions, args.new_tokens, args.target)
     if not labelled:
         ap.error("no prompts: give --questions > 0 or --spec-bench")
     labels, prompts = [c for c, _ in labelled], [p for _, p in labelled]

@@ -51,11 +51,11 @@ def reference_dir() -> Path:
     return cache_root() / "replay"
 
 
-def weights_digest(target: Target, sample: int = 4096) -> str:
+def weights_digest(model: torch.nn.Module, sample: int = 4096) -> str:
     """A digest of a strided sample (`sample` values) of every weight: a reference cached for other weights under
     the same name (a local checkpoint trained on) is not read back."""
     digest = hashlib.sha1()
-    for name, p in target.model.named_parameters():
+    for name, p in model.named_parameters():
         flat = p.detach().reshape(-1)
         digest.update(name.encode() + flat[:: max(1, flat.numel() // sample)].float().cpu().numpy().tobytes())
     return digest.hexdigest()[:16]
@@ -69,7 +69,7 @@ def references(target: Target, name: str, prompts: list[torch.Tensor], max_new: 
     cache = cache or reference_dir()
     cache.mkdir(parents=True, exist_ok=True)
     n = max_new + LOOKAHEAD
-    weights = weights_digest(target)
+    weights = weights_digest(target.model)
     out = []
     for p in tqdm(prompts, desc="greedy references", unit="prompt"):
         key = json.dumps([name, weights, str(target.dtype), p.tolist()])
