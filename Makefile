@@ -40,8 +40,10 @@ bench: $(STAMP)
 # ShareGPT prompts (source entries 8,794 on) interleaved with the rest of that second pass (stage 7), then, from
 # stage 7's export, 3 passes over the replies to the last ShareGPT first turns, to those of 513-768 tokens and to 384
 # coding tasks, interleaved with ShareGPT from its start, at peak lr 1.5e-4 (stage 15; the file is shuffled with a
-# fixed source, hence bash). The dtypes of stages 6, 7 and 15 are timed at start (bf16 with AMX or avx512_bf16, fp32
-# on AVX2 only). MODEL_CARD.md gives each stage's time on 2 cores and the next stage's data.
+# fixed source, hence bash), then, from stage 15's export, one pass over the target's replies to 2,560 ShareGPT second
+# user turns after the conversation before them, at peak lr 3e-5 on a 750K-token budget (stage 22). The dtypes of
+# stages 6, 7, 15 and 22 are timed at start (bf16 with AMX or avx512_bf16, fp32 on AVX2 only). MODEL_CARD.md gives
+# each stage's time on 2 cores and the next stage's data.
 RUNS          ?= runs
 REGEN_PROMPTS ?= 4096
 REGEN         := $(RUNS)/regen/sharegpt_greedy.jsonl
@@ -52,6 +54,9 @@ REGEN14       := $(RUNS)/regen/stage12.jsonl
 CODE15P       := $(RUNS)/regen/code.jsonl
 CODE15        := $(RUNS)/regen/code_greedy.jsonl
 REGEN15       := $(RUNS)/regen/stage15.jsonl
+TURN22A       := $(RUNS)/regen/sharegpt_turn2.jsonl
+TURN22B       := $(RUNS)/regen/sharegpt_turn2_4018.jsonl
+REGEN22       := $(RUNS)/regen/stage22.jsonl
 drafter: $(STAMP)
 	$(BIN)/python -m graft_lab.train --config conf/train/smollm2.yaml --out $(RUNS)/smollm2-eagle3 --resume
 	$(BIN)/python -m graft_lab.train.regenerate --out $(REGEN) --max-prompts $(REGEN_PROMPTS) --threads 2
@@ -84,6 +89,14 @@ drafter: $(STAMP)
 		--data sharegpt --data $(REGEN15) --sharegpt-skip 0 --epochs 3 --ttt-steps 5 --lr 1.5e-4 --warmup-tokens 100000 \
 		--max-minutes 95 --max-tokens 8000000 --seed 15 --target-dtype auto --autocast auto \
 		--out $(RUNS)/smollm2-eagle3-stage15 --resume --export $(RUNS)/smollm2-eagle3-stage15/export
+	$(BIN)/python -m graft_lab.train.regenerate --out $(TURN22A) --turn 2 --max-prompt-tokens 512 --max-prompts 1024 --threads 2
+	$(BIN)/python -m graft_lab.train.regenerate --out $(TURN22B) --turn 2 --start 4018 --max-prompt-tokens 512 \
+		--max-prompts 1536 --threads 2
+	cat $(TURN22A) $(TURN22B) | shuf --random-source=<(yes) > $(REGEN22)
+	$(BIN)/python -m graft_lab.train --config conf/train/smollm2_mix.yaml --init $(RUNS)/smollm2-eagle3-stage15/export \
+		--data $(REGEN22) --epochs 1 --ttt-steps 5 --lr 3e-5 --warmup-tokens 50000 --max-minutes 0 --max-tokens 750000 \
+		--seed 18 --target-dtype auto --autocast auto \
+		--out $(RUNS)/smollm2-eagle3-stage22 --resume --export $(RUNS)/smollm2-eagle3-stage22/export
 
 pareto: $(STAMP)
 	$(BIN)/python -m graft_lab.plot pareto $(ARGS)
