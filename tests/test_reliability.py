@@ -94,6 +94,33 @@ def test_a_second_run_into_a_busy_output_dir_refuses(tmp_path, monkeypatch):
 
 # ---- SIGTERM, a full disk, resuming -------------------------------------------------------------------------
 
+def test_a_sigterm_while_a_line_is_written_keeps_that_question_in_the_file_and_the_summary(tmp_path, monkeypatch):
+    """The stop lands inside the append, after the line is written and before it is synced: the line another process
+    may already have read stays, and the summary counts it."""
+    real = rundir.RunDir.append
+    sent = []
+
+    def append_then_stop(self, record):
+        real_fsync = os.fsync
+
+        def fsync_then_signal(fd):
+            real_fsync(fd)
+            if not sent:
+                sent.append(True)
+                os.kill(os.getpid(), signal.SIGTERM)  # delivered before append's next bytecode unless held
+        monkeypatch.setattr(os, "fsync", fsync_then_signal)
+        try:
+            real(self, record)
+        finally:
+            monkeypatch.setattr(os, "fsync", real_fsync)
+
+    monkeypatch.setattr(rundir.RunDir, "append", append_then_stop)
+    outcome = go(tmp_path, "dataset.limit=3", "gen.max_new_tokens=4")
+    assert sent
+    done = lines(outcome.out_dir / "answers.jsonl")
+    assert not outcome.summary["complete"] and outcome.summary["n_questions"] == len(done) == 1
+
+
 @pytest.mark.slow
 def test_sigterm_keeps_the_finished_questions_and_the_row(tmp_path):
     out = tmp_path / "out"

@@ -223,6 +223,22 @@ def sigterm_as_interrupt():
         signal.signal(signal.SIGTERM, previous)
 
 
+@contextmanager
+def interrupts_held():
+    """Ctrl-C and SIGTERM wait until the block is done (they are raised at its end), so a question is kept whole:
+    its line in answers.jsonl and its record in the summary, or neither. Without it, a stop that landed between
+    the line's write and its fsync cut back a line another process had already read."""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    held = {signal.SIGINT, signal.SIGTERM}
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
 def run(run_cfg: RunConfig, nodes: dict[str, Any], questions: list[Question], out: RunDir, resume: bool,
         meta: dict) -> dict:
     """Decode `questions` into `out`; returns the summary, which is on disk before the first question is
@@ -248,8 +264,9 @@ def run(run_cfg: RunConfig, nodes: dict[str, Any], questions: list[Question], ou
         with sigterm_as_interrupt():
             for q in bar:
                 record = answer_question(target, method, baseline, q, run_cfg, run_cfg.model.name, auditor)
-                out.append(record)
-                records.append(record)
+                with interrupts_held():
+                    out.append(record)
+                    records.append(record)
         complete = True
     except KeyboardInterrupt:
         print("\n[graft-lab] interrupted: keeping the finished questions, marking the run incomplete")
