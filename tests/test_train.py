@@ -421,6 +421,28 @@ def test_compare_pairs_two_evaluate_runs_prompt_by_prompt(tmp_path, capsys):
     assert "missing.json" in capsys.readouterr().err
 
 
+def test_compare_pools_the_shipping_rules_parts_of_one_run():
+    from graft_lab.train.compare import compare, parts
+    from graft_lab.train.data import MT_BENCH_CATEGORIES, mtbench_questions
+
+    assert {q["category"] for q in mtbench_questions()} == MT_BENCH_CATEGORIES  # the names Spec-Bench borrows
+    # the rule's run: Spec-Bench's MT-Bench categories (= the first turns), two others, then the second turns
+    cats = ["writing", "writing", "coding", "qa", "translation", "mt_bench_turn2", "mt_bench_turn2", "mt_bench_turn2"]
+    assert parts(cats) == {"mt first turns": [0, 1, 2], "mt both turns": [0, 1, 2, 5, 6, 7],
+                           "spec-bench": [0, 1, 2, 3, 4]}
+    # MT-Bench's own first turns are their category row, and Spec-Bench's copies of them are not pooled in
+    assert parts(["mt_bench", "mt_bench", "writing", "coding", "mt_bench_turn2", "mt_bench_turn2"]) == {
+        "mt both turns": [0, 1, 4, 5], "spec-bench": [2, 3]}
+    assert parts(["mt_bench", "mt_bench", "mt_bench_turn2"]) == {}  # each part is a category row or "all"
+    assert parts(["writing", "coding"]) == {}  # the first turns are every prompt: "all" says it
+    base = {"categories": cats, "dense": {"per_prompt": [[2, 1]] * 8}}
+    new = {"categories": cats, "dense": {"per_prompt": [[3, 1]] * 3 + [[2, 1]] * 2 + [[1, 1]] * 3}}
+    rows = compare(base, new)["dense"]
+    assert list(rows)[:4] == ["all", "mt first turns", "mt both turns", "spec-bench"]
+    assert (rows["mt first turns"].mean, rows["mt both turns"].mean) == (1.0, 0.0)
+    assert rows["spec-bench"].mean == pytest.approx(0.6) and rows["spec-bench"].n == 5
+
+
 def test_evaluate_second_turns_follow_the_targets_own_first_reply(tmp_path, capsys, monkeypatch):
     from graft_lab.models.target import Target, load_model
     from graft_lab.train.data import mtbench_questions

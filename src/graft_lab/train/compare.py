@@ -5,6 +5,11 @@
 For each tree both files measured: each run's tau, and the mean over prompts of (tau_new - tau_base) per prompt with
 its standard error (the "paired" figure of the model card), how many prompts got better and worse, and the same per
 category. Two runs pair only if they measured the same prompts in the same order (the same `categories`, counts).
+
+A run of the shipping rule's prompts (`evaluate --questions 80 --turns 2 --spec-bench ... --per-category 10`) also
+gets the rule's parts, pooled over categories: "mt first turns" (Spec-Bench's eight MT-Bench categories are
+MT-Bench's first turns, as is category "mt_bench"), "mt both turns" (with "mt_bench_turn2": all 160 turns of 80
+questions) and "spec-bench" (every prompt but the second turns).
 """
 
 from __future__ import annotations
@@ -14,6 +19,10 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
+
+from .data import MT_BENCH_CATEGORIES
+
+FIRST, SECOND = "mt_bench", "mt_bench_turn2"  # evaluate's categories of MT-Bench's first and second turns
 
 
 @dataclass(frozen=True)
@@ -45,8 +54,30 @@ def paired(base: list[list[int]], new: list[list[int]]) -> Paired:
     return Paired(tau(base), tau(new), mean, se, sum(x > 0 for x in d), sum(x < 0 for x in d), n)
 
 
+def parts(categories: list[str]) -> dict[str, list[int]]:
+    """The shipping rule's pooled parts that `categories` hold, each as prompt indices: the MT-Bench first turns
+    (category "mt_bench", or else Spec-Bench's prompts in MT-Bench's own categories), when there is more than
+    them; all MT-Bench turns, when there are second turns too; and Spec-Bench (all but the second turns), when it
+    is there beside the second turns. A part equal to a category row or to "all" is left out."""
+    first = [i for i, c in enumerate(categories) if c == FIRST]  # MT-Bench's own first turns, else Spec-Bench's
+    first = first or [i for i, c in enumerate(categories) if c in MT_BENCH_CATEGORIES]
+    second = [i for i, c in enumerate(categories) if c == SECOND]
+    spec = [i for i, c in enumerate(categories) if c != SECOND and c != FIRST]
+    out = {}
+    if first and len(first) < len(categories) and len({categories[i] for i in first}) > 1:
+        out["mt first turns"] = first
+    if first and second:
+        turns = sorted(first + second)
+        if len(turns) < len(categories):
+            out["mt both turns"] = turns
+    if second and spec:  # every category but evaluate's two MT-Bench ones is Spec-Bench's
+        out["spec-bench"] = spec
+    return out
+
+
 def compare(base: dict, new: dict, trees: list[str] | None = None) -> dict[str, dict[str, Paired]]:
-    """tree -> {"all": Paired, category: Paired, ...} for two `evaluate --out` results."""
+    """tree -> {"all": Paired, pooled part: Paired, ..., category: Paired, ...} for two `evaluate --out` results
+    (the pooled parts: `parts`)."""
     for res, name in ((base, "base"), (new, "new")):
         if "categories" not in res:
             raise ValueError(f"the {name} file has no per-prompt figures: rerun evaluate --out with this version")
@@ -63,6 +94,8 @@ def compare(base: dict, new: dict, trees: list[str] | None = None) -> dict[str, 
     for tree in trees:
         b, n = base[tree]["per_prompt"], new[tree]["per_prompt"]
         rows = {"all": paired(b, n)}
+        for label, idx in parts(cats).items():
+            rows[label] = paired([b[i] for i in idx], [n[i] for i in idx])
         for c in dict.fromkeys(cats) if len(set(cats)) > 1 else ():  # one category: "all" says it
             idx = [i for i, ci in enumerate(cats) if ci == c]
             rows[c] = paired([b[i] for i in idx], [n[i] for i in idx])

@@ -141,6 +141,10 @@ def render(tokenizer, messages: list[dict], max_len: int, complete: bool = True)
     return ids, mask
 
 
+# MT-Bench's eight categories, ten questions each; Spec-Bench takes its MT-Bench first turns under the same names
+MT_BENCH_CATEGORIES = frozenset({"writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"})
+
+
 def mtbench_questions() -> list[dict]:
     path = wheel_file(*MTBENCH)
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
