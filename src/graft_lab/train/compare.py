@@ -20,9 +20,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from .data import MT_BENCH_CATEGORIES
-
-FIRST, SECOND = "mt_bench", "mt_bench_turn2"  # evaluate's categories of MT-Bench's first and second turns
+from .data import MT_BENCH_CATEGORIES, MT_BENCH_FIRST as FIRST, MT_BENCH_SECOND as SECOND
 
 
 @dataclass(frozen=True)

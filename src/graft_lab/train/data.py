@@ -143,6 +143,8 @@ def render(tokenizer, messages: list[dict], max_len: int, complete: bool = True)
 
 # MT-Bench's eight categories, ten questions each; Spec-Bench takes its MT-Bench first turns under the same names
 MT_BENCH_CATEGORIES = frozenset({"writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"})
+# `evaluate`'s categories of MT-Bench's own first turns and of its second turns (after the target's first reply)
+MT_BENCH_FIRST, MT_BENCH_SECOND = "mt_bench", "mt_bench_turn2"
 
 
 def mtbench_questions() -> list[dict]:

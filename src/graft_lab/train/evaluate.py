@@ -66,9 +66,9 @@ def labelled_prompts(tokenizer, questions: int, spec_bench: str | None, per_cate
     """(category, prompt ids): the first `questions` MT-Bench first turns (category "mt_bench"), then the first
     `per_category` first turns of each Spec-Bench category."""
     from ..data.base import DATASETS
-    from .data import mtbench_prompts, user_prompt
+    from .data import MT_BENCH_FIRST, mtbench_prompts, user_prompt
 
-    out = [("mt_bench", p) for p in (mtbench_prompts(tokenizer, questions) if questions else [])]
+    out = [(MT_BENCH_FIRST, p) for p in (mtbench_prompts(tokenizer, questions) if questions else [])]
     if spec_bench:
         for q in DATASETS.build({"name": "spec_bench", "path": spec_bench, "per_category": per_category,
                                  "first_turn_only": True}):
@@ -88,7 +88,7 @@ def second_turns(model, tokenizer, questions: int, max_new: int, name: str = "",
     Replies are cached in `cache` (default: first_replies/ under graft-lab's cache) for the target `name`, its
     weights, dtype, torch and CPU (bf16 numerics differ between CPUs), so the next drafter's A/B reads them back."""
     from ..profile import device_fingerprint
-    from .data import mtbench_questions
+    from .data import MT_BENCH_SECOND, mtbench_questions
     from .regenerate import regenerate_batch
     from .replay import weights_digest
 
@@ -105,7 +105,7 @@ def second_turns(model, tokenizer, questions: int, max_new: int, name: str = "",
             reply = regenerate_batch(model, tokenizer, [first], max_new)[0][0]  # one at a time: no padding
             path.write_text(json.dumps({"target": name, "dtype": str(model.dtype), "reply": reply}))
         msgs = first + [{"role": "assistant", "content": reply}, {"role": "user", "content": q["turns"][1]}]
-        out.append(("mt_bench_turn2", torch.tensor(tokenizer.apply_chat_template(
+        out.append((MT_BENCH_SECOND, torch.tensor(tokenizer.apply_chat_template(
             msgs, add_generation_prompt=True, tokenize=True, return_dict=False))))
     return out
 
