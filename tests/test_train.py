@@ -18,7 +18,8 @@ from graft_lab.models.cache import TreeKVCache
 from graft_lab.pruners.base import NoPruner
 from graft_lab.retrievers.base import NoRetriever
 from graft_lab.data.json_stream import stream_json_array
-from graft_lab.train.loop import TrainConfig, export, train
+from graft_lab.train.features import target_features
+from graft_lab.train.loop import TrainConfig, batches, export, train
 from graft_lab.train.ttt import ttt_forward, ttt_loss
 from graft_lab.train.vocab import coverage, draft_vocab, grow, grow_head, maps
 from graft_lab.train.widen import mlp_width, widen_mlp
@@ -85,6 +86,72 @@ def test_ttt_loss_masks_and_labels():
     _, odd = ttt_loss(net, ids, mask, aux, emb, logits, t2d_index, 3, "soft", top_in_vocab=torch.arange(t) % 2 == 1)
     _, even = ttt_loss(net, ids, mask, aux, emb, logits, t2d_index, 3, "soft", top_in_vocab=torch.arange(t) % 2 == 0)
     assert [a[4] + b[4] for a, b in zip(odd, even)] == [s[1] for s in stats]  # each position counted once
+
+
+def _ragged(seed=0):
+    """Three sequences of different lengths and label spans (one with two spans), right-padded to a batch."""
+    g = torch.Generator().manual_seed(seed)
+    rows = []
+    for t, spans in ((23, [(8, 23)]), (14, [(3, 7), (9, 14)]), (30, [(12, 26)])):
+        ids = torch.randint(3, 96, (t,), generator=g)
+        mask = torch.zeros(t, dtype=torch.bool)
+        for a, b in spans:
+            mask[a:b] = True
+        rows.append((ids, mask))
+    return rows
+
+
+@pytest.mark.parametrize("anchor_frac", [1.0, 0.6])
+def test_a_padded_batch_trains_as_its_sequences_one_by_one(anchor_frac):
+    """The GPU path stacks right-padded sequences: the batched prefill gives each row's features, and the batched
+    loss, its stats and its gradient are the sum of the per-sequence ones (each sequence's loss times its step
+    weight), with the same anchors drawn for anchor_frac < 1 (the batch draws row by row)."""
+    target = tiny_target()
+    net = tiny_eagle3(target, draft_vocab=64).train()
+    keep = net.t2d.nonzero().flatten()
+    t2d_index = torch.full((target.vocab_size,), -1, dtype=torch.long)
+    t2d_index[keep] = torch.arange(keep.numel())
+    rows = _ragged()
+    batch = next(batches(((i, ids, m) for i, (ids, m) in enumerate(rows)), 3, "cpu"))
+    assert batch.last == 2 and batch.tokens == 23 + 14 + 30 and batch.ids.shape == (3, 30)
+    assert not batch.mask[1, 14:].any() and torch.equal(batch.ids[1, :14], rows[1][0])
+    fb = target_features(target, batch.ids, keep, full=True)
+    steps, weight = 4, sum(0.8**j for j in range(4))  # every sequence here has labels at every step
+    loss_b, stats_b = ttt_loss(net, batch.ids, batch.mask, fb.aux, fb.embeds, fb.draft_logits, t2d_index, steps,
+                               anchor_frac=anchor_frac, generator=torch.Generator().manual_seed(5),
+                               top_in_vocab=fb.top_in_vocab)
+    (loss_b * weight).backward()
+    grad_b = [p.grad.clone() for p in net.parameters()]
+    net.zero_grad()
+    sizes = [int(m[2:].sum()) for _, m in rows]  # one draw of them all is the draws of each in turn:
+    g1, g2 = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
+    assert torch.equal(torch.rand(sum(sizes), generator=g1), torch.cat([torch.rand(k, generator=g2) for k in sizes]))
+    gen, total, stats = torch.Generator().manual_seed(5), 0.0, [[0.0, 0, 0, 0, 0] for _ in range(steps)]
+    for b, (ids, mask) in enumerate(rows):
+        f = target_features(target, ids, keep, full=True)
+        for name in ("aux", "draft_logits", "embeds"):
+            torch.testing.assert_close(getattr(fb, name)[b, : ids.numel()], getattr(f, name), atol=1e-5, rtol=1e-5)
+        assert torch.equal(fb.top_in_vocab[b, : ids.numel()], f.top_in_vocab)
+        loss, st = ttt_loss(net, ids, mask, f.aux, f.embeds, f.draft_logits, t2d_index, steps,
+                            anchor_frac=anchor_frac, generator=gen, top_in_vocab=f.top_in_vocab)
+        total = total + loss * weight
+        for acc, one in zip(stats, st):
+            for i in range(5):
+                acc[i] += one[i]
+    total.backward()
+    assert [tuple(s[1:]) for s in stats_b] == [tuple(s[1:]) for s in stats] and stats_b[0][3] == sum(sizes)
+    assert (stats_b[1][3] < 0.8 * stats_b[0][3]) == (anchor_frac < 1)  # fewer anchors run steps >= 1
+    torch.testing.assert_close(torch.tensor([s[0] for s in stats_b]), torch.tensor([s[0] for s in stats]))
+    torch.testing.assert_close(loss_b * weight, total)
+    for mine, ref in zip(grad_b, (p.grad for p in net.parameters())):
+        torch.testing.assert_close(mine, ref, atol=1e-5, rtol=1e-4)
+
+
+def test_batches_group_the_stream_and_keep_a_short_last_one():
+    rows = _ragged()
+    got = list(batches(((i, ids, m) for i, (ids, m) in enumerate(rows)), 2, "cpu"))
+    assert [(g.last, tuple(g.ids.shape), g.tokens) for g in got] == [(1, (2, 23), 37), (2, (1, 30), 30)]
+    assert [int(g.mask.sum()) for g in got] == [int(rows[0][1].sum() + rows[1][1].sum()), int(rows[2][1].sum())]
 
 
 def test_stream_json_array_survives_truncation(tmp_path):
@@ -205,6 +272,37 @@ def test_train_resume_export_and_lossless_decode(tmp_path):
                    SamplingParams(), StopRule(max_new_tokens=16))
     assert gen.tokens == hf_greedy(target.model, data[9][0][:9], 16)
 
+
+
+def test_batched_training_counts_real_tokens_and_resumes_where_it_stopped(tmp_path):
+    """batch_sequences > 1 (the GPU setting): the token budget and the stream position count sequences, not
+    padding, and a resume continues after the last batch trained."""
+    target = tiny_target()
+    g = torch.Generator().manual_seed(3)
+    data = []
+    for i in range(40):
+        t = 20 + (7 * i) % 29
+        ids, mask = torch.randint(3, 96, (t,), generator=g), torch.zeros(t, dtype=torch.bool)
+        mask[t // 3:] = True
+        data.append((ids, mask))
+
+    def sequences(skip):
+        for i in range(skip, len(data)):
+            yield i, *data[i]
+
+    cfg = TrainConfig(out=str(tmp_path / "run"), draft_vocab=64, vocab_sequences=20, ttt_steps=3, lr=3e-3,
+                      warmup_tokens=50, labels_per_step=64, max_tokens=400, batch_sequences=4, ckpt_every=1,
+                      log_every=1, eval_every_tokens=0, progress=False, autocast=False)
+    train(cfg, target, sequences, eos_ids=(2,))
+    state = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=False)["state"]
+    assert state["consumed"] % 4 == 0 and state["tokens"] == sum(data[i][0].numel() for i in range(state["consumed"]))
+    cfg.max_tokens = 900
+    train(cfg, target, sequences, eos_ids=(2,), resume=True)
+    again = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=False)["state"]
+    assert again["consumed"] > state["consumed"] and again["tokens"] == sum(
+        data[i][0].numel() for i in range(again["consumed"]))
+    with pytest.raises(ValueError, match="batch_sequences 0"):
+        train(TrainConfig(**{**cfg.__dict__, "out": str(tmp_path / "bad"), "batch_sequences": 0}), target, sequences)
 
 
 def test_widen_mlp_keeps_the_output_then_trains_the_new_units(tmp_path):
@@ -522,6 +620,31 @@ def test_training_dtypes_are_chosen_by_what_they_took_here():
     args = parse(["--out", "x", "--target-dtype", "auto", "--autocast", "auto"])
     assert (args.target_dtype, args.autocast) == ("auto", "auto")
     assert parse(["--out", "x", "--autocast", "false"]).autocast is False
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the answer of a machine without CUDA")
+def test_device_flags_pick_cpu_here_and_refuse_cuda_in_one_line(tmp_path, capsys):
+    """--device of train, regenerate and selfprompt: auto is cpu without CUDA; cuda fails at once, in one line,
+    before any model loads; an unknown name lists the valid ones."""
+    from graft_lab.errors import ConfigError
+    from graft_lab.preflight import resolve_device
+    from graft_lab.train.__main__ import main as train_main
+    from graft_lab.train.regenerate import main as regen_main
+    from graft_lab.train.selfprompt import main as self_main
+
+    assert resolve_device("auto") == "cpu" and resolve_device("cpu") == "cpu"
+    with pytest.raises(ConfigError, match="valid: auto, cpu, cuda, cuda:N"):
+        resolve_device("tpu")
+    with pytest.raises(SystemExit, match=r"^--device cuda: this machine \(or this torch build\) has no CUDA device"):
+        train_main(["--out", str(tmp_path / "run"), "--device", "cuda"])
+    assert not (tmp_path / "run").exists()
+    for main, argv in ((regen_main, ["--out", str(tmp_path / "r.jsonl")]), (self_main, ["--out", str(tmp_path / "s.jsonl"),
+                                                                                       "--prompts", "4"])):
+        with pytest.raises(SystemExit) as exc:
+            main(argv + ["--device", "cuda:1"])
+        err = capsys.readouterr().err.strip().splitlines()[-1]
+        assert exc.value.code == 2 and err.endswith("--device cuda:1: this machine (or this torch build) has no CUDA "
+                                                    "device; use --device cpu or auto"), err
 
 
 def test_regenerate_samples_the_targets_own_tempered_distribution(tmp_path):

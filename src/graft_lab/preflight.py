@@ -31,6 +31,17 @@ def check_device(device: str) -> None:
         raise ConfigError(f"model.device={device} but this machine has no CUDA device; use model.device=cpu")
 
 
+def resolve_device(device: str, flag: str = "--device") -> str:
+    """`auto`: cuda where torch sees a CUDA device, else cpu; any other name as given, once this machine has it."""
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"{flag} {device}: this machine (or this torch build) has no CUDA device; use {flag} cpu or auto")
+    if device.split(":")[0] not in ("cpu", "cuda"):
+        raise ConfigError(f"{flag} {device}: unknown device; valid: auto, cpu, cuda, cuda:N")
+    return device
+
+
 def check_attention(run: RunConfig) -> None:
     """verify.attn=triton needs the triton package and a CUDA target (or Triton's CPU interpreter)."""
     if run.verify.attn != "triton":

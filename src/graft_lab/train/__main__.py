@@ -19,7 +19,9 @@ from pathlib import Path
 
 import torch
 
+from ..errors import ConfigError
 from ..models.target import EMBEDDED, Target, load_model
+from ..preflight import resolve_device
 from .data import HELDOUT, interleave, mtbench_prompts, regenerated_source, render, sharegpt_conversations, sharegpt_source
 from .decontaminate import SPEC_BENCH, build_index
 from .loop import TrainConfig, build_drafter, export, read_init, train
@@ -54,6 +56,7 @@ def parse(argv=None):
     ap.add_argument("--val-sequences", type=int, default=HELDOUT, help="held-out conversations (the file's first)")
     ap.add_argument("--eval-questions", type=int, default=10, help="MT-Bench first turns for the tau curve")
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--device", default="auto", help="auto (cuda where there is one, else cpu), cpu, cuda or cuda:N")
     ap.add_argument("--resume", action="store_true")
     ap.add_argument("--export", help="write the drafter in the official format here at the end")
     ap.add_argument("--export-only", action="store_true", help="export the run's checkpoint and exit")
@@ -82,8 +85,15 @@ def parse(argv=None):
 
 
 def choose_dtypes(args) -> None:
-    """Replace `auto` in --target-dtype / --autocast by what is faster on this machine (graft_lab.train.probe)."""
+    """Replace `auto` in --target-dtype / --autocast by what is faster on this machine (graft_lab.train.probe); on a
+    GPU, bf16 for both, without timing (tensor cores run bf16, and it is what GPU training of EAGLE-3 uses)."""
     from .probe import choose
+
+    if args.device != "cpu":
+        args.target_dtype = "bfloat16" if args.target_dtype == "auto" else args.target_dtype
+        args.autocast = True if args.autocast == "auto" else args.autocast
+        print(f"[train] on {args.device}: target {args.target_dtype}, drafter autocast {args.autocast}", flush=True)
+        return
 
     model, tok = load_model(args.target, dtype="float32")
     target = Target(model, tok)
@@ -109,15 +119,19 @@ def main(argv=None) -> None:
                              f"give at least {have} (a width only grows)")
     if args.threads:
         torch.set_num_threads(args.threads)
+    try:
+        args.device = resolve_device(args.device)
+    except ConfigError as exc:
+        raise SystemExit(str(exc)) from None
     if "auto" in (args.target_dtype, args.autocast):
         choose_dtypes(args)
     cfg = TrainConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig) if f.name != "extra"})
-    model, tok = load_model(args.target, dtype=args.target_dtype)
+    model, tok = load_model(args.target, dtype=args.target_dtype, device=args.device)
     target = Target(model, tok)
     eos = (tok.eos_token_id,)
     if args.export_only:
-        ck = torch.load(Path(cfg.out) / "checkpoint.pt", weights_only=False)
-        keep = torch.load(Path(cfg.out) / "vocab.pt")["keep"]
+        ck = torch.load(Path(cfg.out) / "checkpoint.pt", weights_only=False, map_location="cpu")
+        keep = torch.load(Path(cfg.out) / "vocab.pt", map_location="cpu")["keep"]
         net = build_drafter(target, keep, "random", cfg.seed, mlp_width(ck["model"]))
         net.load_state_dict(ck["model"])
         print(export(net, args.export or Path(cfg.out) / "export", target), json.dumps(ck["state"]))

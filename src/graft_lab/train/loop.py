@@ -17,7 +17,7 @@ from transformers import LlamaConfig
 from ..drafters.eagle3_checkpoint import save_eagle3
 from ..drafters.eagle3_model import Eagle3Model
 from ..models.target import Target
-from .features import target_features
+from .features import Features, target_features
 from .ttt import ttt_loss
 from .vocab import count_labels, coverage, draft_vocab, grow, grow_head, maps
 from .widen import mlp_width, widen_mlp
@@ -40,6 +40,7 @@ class TrainConfig:
     weight_decay: float = 0.01
     clip: float = 0.5
     labels_per_step: int = 2048  # label (assistant) tokens per optimizer step
+    batch_sequences: int = 1  # sequences per forward, right-padded (a GPU wants many; 1: no padding, as on 2 cores)
     max_tokens: int = 5_000_000  # sequence tokens through the target; the lr schedule spans this
     max_minutes: float = 0.0  # training wall-time budget (summed over resumes, evaluation excluded); 0: none.
     # The lr schedule runs on progress = max(tokens / max_tokens, wall / max_minutes): it ends with the budget.
@@ -112,7 +113,8 @@ def read_init(path: str) -> dict:
     (`builtin:NAME` or a directory with config.json + model.safetensors: its weights in fp32, its d2t/t2d map)."""
     run = Path(path)
     if all((run / f).is_file() for f in ("checkpoint.pt", "vocab.pt")):
-        return {"model": torch.load(run / "checkpoint.pt", weights_only=False)["model"], "vocab": torch.load(run / "vocab.pt")}
+        return {"model": torch.load(run / "checkpoint.pt", weights_only=False, map_location="cpu")["model"],
+                "vocab": torch.load(run / "vocab.pt", map_location="cpu")}
     from ..drafters.eagle3_checkpoint import ModelLoadError, load_eagle3
 
     try:
@@ -125,13 +127,49 @@ def read_init(path: str) -> dict:
             "vocab": {"keep": keep, "coverage": None}}
 
 
-def prefetch(stream, target: Target, keep: torch.Tensor, depth: int):
-    """Compute target features in a background thread, `depth` sequences ahead of the trainer: with one
+@dataclass
+class Batch:
+    """Training sequences stacked for one forward, right-padded, on the target's device."""
+
+    last: int  # stream position of the last sequence
+    ids: torch.Tensor  # [B, T] token ids (0 after a row's end)
+    mask: torch.Tensor  # [B, T] bool: the assistant tokens trained (False after a row's end)
+    tokens: int  # sequence tokens without the padding
+    features: Features | None = None  # of ids, [B, T, ...]: prefetch computes them
+
+
+def batches(stream, size: int, device) -> Iterator[Batch]:
+    """Group (position, ids [T], mask [T]) into right-padded Batches of `size` sequences (the last may be short)."""
+    rows: list = []
+
+    def stack() -> Batch:
+        t = max(r[1].numel() for r in rows)
+        ids = torch.zeros(len(rows), t, dtype=torch.long)
+        mask = torch.zeros(len(rows), t, dtype=torch.bool)
+        for b, (_, x, m) in enumerate(rows):
+            ids[b, : x.numel()], mask[b, : m.numel()] = x, m
+        return Batch(rows[-1][0], ids.to(device), mask.to(device), sum(r[1].numel() for r in rows))
+
+    for row in stream:
+        rows.append(row)
+        if len(rows) == size:
+            yield stack()
+            rows = []
+    if rows:
+        yield stack()
+
+
+def prefetch(stream: Iterator[Batch], target: Target, keep: torch.Tensor, depth: int) -> Iterator[Batch]:
+    """Compute target features in a background thread, `depth` batches ahead of the trainer: with one
     intra-op thread per Python thread, the target prefill and the drafter's training overlap on two cores
-    (ATen releases the GIL) without OpenMP barrier stalls. Yields (index, ids, mask, Features)."""
+    (ATen releases the GIL) without OpenMP barrier stalls. Yields the Batches with their features."""
+    def featured(batch: Batch) -> Batch:
+        batch.features = target_features(target, batch.ids, keep)
+        return batch
+
     if depth <= 0:
-        for idx, ids, mask in stream:
-            yield idx, ids, mask, target_features(target, ids, keep)
+        for batch in stream:
+            yield featured(batch)
         return
     import queue
     import threading
@@ -139,22 +177,24 @@ def prefetch(stream, target: Target, keep: torch.Tensor, depth: int):
     q: queue.Queue = queue.Queue(maxsize=depth)
     stop = threading.Event()
 
+    def put(item) -> None:  # gives up once the trainer stops reading: it may stop with the queue full
+        while not stop.is_set():
+            try:
+                q.put(item, timeout=0.5)
+                return
+            except queue.Full:
+                continue
+
     def work():
         try:
-            for idx, ids, mask in stream:
+            for batch in stream:
                 if stop.is_set():
                     return
-                item = (idx, ids, mask, target_features(target, ids, keep))
-                while not stop.is_set():
-                    try:
-                        q.put(item, timeout=0.5)
-                        break
-                    except queue.Full:
-                        continue
+                put(featured(batch))
         except BaseException as exc:  # surfaced in the trainer
-            q.put(exc)
+            put(exc)
             return
-        q.put(None)
+        put(None)  # the end of the stream
 
     thread = threading.Thread(target=work, daemon=True)
     thread.start()
@@ -207,9 +247,11 @@ def train(cfg: TrainConfig, target: Target, sequences: Sequences, val=(), eval_p
     ckpt_path, vocab_path = out / "checkpoint.pt", out / "vocab.pt"
     if cfg.grow_vocab and not cfg.init:
         raise ValueError("grow_vocab grows the draft vocab of the init drafter: give init too (or draft_vocab alone)")
+    if cfg.batch_sequences < 1:
+        raise ValueError(f"batch_sequences {cfg.batch_sequences}: give at least 1 sequence per forward")
     resuming = resume and ckpt_path.is_file()  # the run's own checkpoint and vocabulary win over the init's
     init_state = read_init(cfg.init) if cfg.init and not resuming else None
-    ck = torch.load(ckpt_path, weights_only=False) if resuming else None
+    ck = torch.load(ckpt_path, weights_only=False, map_location="cpu") if resuming else None
     width = cfg.mlp_width
     if ck is not None:
         width = mlp_width(ck["model"])
@@ -226,7 +268,7 @@ def train(cfg: TrainConfig, target: Target, sequences: Sequences, val=(), eval_p
 
     t0 = time.perf_counter()
     if resume and vocab_path.is_file():
-        vocab = torch.load(vocab_path)
+        vocab = torch.load(vocab_path, map_location="cpu")
     elif init_state is not None and cfg.grow_vocab:
         counts, small = label_counts(), init_state["vocab"]["keep"]
         keep = grow(small, counts, cfg.grow_vocab)
@@ -249,10 +291,12 @@ def train(cfg: TrainConfig, target: Target, sequences: Sequences, val=(), eval_p
     print(f"[train] draft vocab {keep.numel()} covers {covers} of label tokens", flush=True)
     t2d_index = torch.full((target.vocab_size,), -1, dtype=torch.long)
     t2d_index[keep] = torch.arange(keep.numel())
+    t2d_index = t2d_index.to(target.device)
     net = build_drafter(target, keep, cfg.head_init, cfg.seed, width)
     if init_state is not None:
         net.load_state_dict(init_state["model"])
         print(f"[train] initialised from {cfg.init}", flush=True)
+    net.to(target.device)
     net.train()
     decay, no_decay = [], []
     for name, p in net.named_parameters():
@@ -291,9 +335,9 @@ def train(cfg: TrainConfig, target: Target, sequences: Sequences, val=(), eval_p
 
         bar = tqdm(total=cfg.max_tokens, initial=state["tokens"], unit="tok", unit_scale=True, dynamic_ncols=True,
                    mininterval=5)
-    stream = prefetch(
+    stream = prefetch(batches(
         ((i, ids, m) for i, ids, m in sequences(state["consumed"]) if int(m[2:].sum()) >= cfg.min_labels),
-        target, keep, cfg.prefetch)
+        cfg.batch_sequences, target.device), target, keep, cfg.prefetch)
     gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + state["step"])
     first_step = state["step"]
     t_start = time.perf_counter()
@@ -306,15 +350,18 @@ def train(cfg: TrainConfig, target: Target, sequences: Sequences, val=(), eval_p
         opt.zero_grad(set_to_none=True)
         while step_labels < cfg.labels_per_step:
             try:
-                idx, ids, mask, f = next(stream)
+                batch = next(stream)
             except StopIteration:
                 exhausted = True
                 break
-            state["consumed"] = idx + 1
-            loss, stats = ttt_loss(net, ids, mask, f.aux, f.embeds, f.draft_logits, t2d_index, cfg.ttt_steps,
-                                   cfg.labels, cfg.decay, cfg.autocast, cfg.anchor_frac, gen)
+            state["consumed"] = batch.last + 1
+            f = batch.features
+            loss, stats = ttt_loss(net, batch.ids, batch.mask, f.aux, f.embeds, f.draft_logits, t2d_index,
+                                   cfg.ttt_steps, cfg.labels, cfg.decay, cfg.autocast, cfg.anchor_frac, gen)
+            if loss is None:
+                continue
             (loss / cfg.labels_per_step).backward()
-            step_tokens += ids.numel()
+            step_tokens += batch.tokens
             step_labels += stats[0][3]
             for a, s in zip(window, stats):
                 for i in range(5):

@@ -31,6 +31,7 @@ import transformers
 from ..data.base import read_question_jsonl
 from ..errors import ConfigError
 from ..models.target import EMBEDDED, load_model
+from ..preflight import resolve_device
 from ..profile import cpu_isa, device_fingerprint, device_name
 from .data import HELDOUT, heldout_end, sharegpt_conversations
 from .decontaminate import EvalIndex, build_index
@@ -57,11 +58,12 @@ def meta_path(out: Path) -> Path:
 def record_run(out: Path, args: argparse.Namespace, replies_before: int) -> None:
     meta = meta_path(out)
     runs = json.loads(meta.read_text())["runs"] if meta.is_file() else []
-    cpu = torch.device("cpu")
+    cpu, gpu = torch.device("cpu"), torch.device(getattr(args, "device", "cpu"))  # where the replies were generated
     runs.append({"flags": {k: v for k, v in vars(args).items() if k != "out"}, "replies_before": replies_before,
                  "date": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()), "torch": torch.__version__,
                  "transformers": transformers.__version__, "python": platform.python_version(),
-                 "cpu": device_name(cpu), "cpu_isa": cpu_isa(), "cpu_fingerprint": device_fingerprint(cpu)})
+                 "cpu": device_name(cpu), "cpu_isa": cpu_isa(), "cpu_fingerprint": device_fingerprint(cpu),
+                 "gpu": device_name(gpu) if gpu.type == "cuda" else None})
     meta.write_text(json.dumps({"runs": runs}, indent=1) + "\n")
 
 
@@ -150,6 +152,7 @@ def main(argv=None) -> None:
                     help="0: greedy replies; above 0: replies sampled at this temperature, without top-k or top-p")
     ap.add_argument("--seed", type=int, default=0, help="with --temperature: seeds each batch (seed, first index)")
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--device", default="auto", help="auto (cuda where there is one, else cpu), cpu, cuda or cuda:N")
     args = ap.parse_args(argv)
     if args.batch < 1 or args.max_new_tokens < 1:
         ap.error("--batch and --max-new-tokens must be at least 1")
@@ -168,9 +171,13 @@ def main(argv=None) -> None:
         ap.error(f"--prompts: {source} is neither 'sharegpt' nor a question.jsonl file")
     if args.threads:
         torch.set_num_threads(args.threads)
+    try:
+        args.device = resolve_device(args.device)
+    except ConfigError as exc:
+        ap.error(str(exc))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    model, tok = load_model(args.target, dtype=args.dtype)
+    model, tok = load_model(args.target, dtype=args.dtype, device=args.device)
     tok.padding_side = "left"
     done, last = written(out)
     record_run(out, args, done)

@@ -27,7 +27,9 @@ from pathlib import Path
 
 import torch
 
+from ..errors import ConfigError
 from ..models.target import EMBEDDED, load_model
+from ..preflight import resolve_device
 from .decontaminate import EvalIndex, build_index, normalise
 from .regenerate import record_run
 
@@ -114,6 +116,7 @@ def main(argv=None) -> None:
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--max-new-tokens", type=int, default=160, help="a turn that does not end by then is dropped")
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--device", default="auto", help="auto (cuda where there is one, else cpu), cpu, cuda or cuda:N")
     args = ap.parse_args(argv)
     if args.prompts < 0 or args.minutes < 0 or not (args.prompts or args.minutes):
         ap.error("give --prompts N or --minutes M (or both), each above 0")
@@ -123,11 +126,15 @@ def main(argv=None) -> None:
         ap.error("--batch and --max-new-tokens must be at least 1")
     if args.threads:
         torch.set_num_threads(args.threads)
+    try:
+        args.device = resolve_device(args.device)
+    except ConfigError as exc:
+        ap.error(str(exc))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     rows, draw = existing(out)
     out.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")  # drop a cut line
-    model, tok = load_model(args.target, dtype=args.dtype)
+    model, tok = load_model(args.target, dtype=args.dtype, device=args.device)
     record_run(out, args, len(rows))
     screen = Screen(build_index(), {normalise(r["turns"][0]) for r in rows})
     from tqdm import tqdm

@@ -66,16 +66,16 @@ def ttt_forward(net: Eagle3Model, aux: torch.Tensor, embeds: torch.Tensor, steps
 
 def step_targets(ids: torch.Tensor, mask: torch.Tensor, tgt_logits: torch.Tensor, n: int, j: int,
                  t2d_index: torch.Tensor):
-    """For step j over anchors 0..n-1: (soft target logits [n, D], hard draft labels [n] (-1 when the token
-    is outside the draft vocab), valid [n], the position [n] whose target prediction is the soft label).
-    ids, mask: [T]; tgt_logits: [T, D]."""
-    t = ids.numel()
-    lab_pos = torch.arange(n) + j + 2  # position of the predicted token
+    """For step j over anchors 0..n-1 of each row: (soft target logits [B, n, D], hard draft labels [B, n] (-1 when
+    the token is outside the draft vocab), valid [B, n], the position [n] whose target prediction is the soft
+    label). ids, mask: [B, T]; tgt_logits: [B, T, D]."""
+    t = ids.shape[1]
+    lab_pos = torch.arange(n, device=ids.device) + j + 2  # position of the predicted token
     ok = lab_pos < t
     lab_pos = lab_pos.clamp(max=t - 1)
-    valid = ok & mask[lab_pos]
-    hard = t2d_index[ids[lab_pos]]
-    soft = tgt_logits[lab_pos - 1]  # the target's prediction at position i+j+1
+    valid = ok & mask[:, lab_pos]
+    hard = t2d_index[ids[:, lab_pos]]
+    soft = tgt_logits[:, lab_pos - 1]  # the target's prediction at position i+j+1
     return soft, hard, valid, lab_pos - 1
 
 
@@ -83,39 +83,51 @@ def ttt_loss(net: Eagle3Model, ids: torch.Tensor, mask: torch.Tensor, aux: torch
              tgt_logits: torch.Tensor, t2d_index: torch.Tensor, steps: int, labels: str = "soft",
              decay: float = 0.8, autocast: bool = False, anchor_frac: float = 1.0,
              generator: torch.Generator | None = None, top_in_vocab: torch.Tensor | None = None):
-    """Weighted TTT loss for one sequence (a sum over valid anchors, sum_j decay^j * loss_j / sum_j decay^j;
-    the caller divides by its token count) and per-step stats.
+    """Weighted TTT loss for one sequence, or a batch of right-padded ones (a sum over valid anchors,
+    sum_j decay^j * loss_j / sum_j decay^j over the steps with a valid anchor; the caller divides by its token
+    count) and per-step stats.
 
-    ids, mask: [T]; aux: [T, 3H]; embeds: [T, H]; tgt_logits: [T, D]; t2d_index: [V] draft id or -1.
-    Steps >= 1 run only from anchors whose step-0 label is trained, a random `anchor_frac` of them.
-    Returns (loss, stats) where stats[j] = (loss sum, correct vs the target's top-1 within the draft vocab,
-    correct vs the data token, counted, correct vs the target's full-vocabulary top-1) over valid anchors of
-    step j. The last needs `top_in_vocab` ([T] bool, Features.top_in_vocab); without it, it is the second."""
-    t = ids.numel()
+    ids, mask: [T] or [B, T] (mask False on padding); aux: [(B,) T, 3H]; embeds: [(B,) T, H]; tgt_logits:
+    [(B,) T, D]; t2d_index: [V] draft id or -1. Everything runs on aux's device. Steps >= 1 run only from anchors
+    whose step-0 label is trained, a random `anchor_frac` of them (drawn in row-major order), on the columns where
+    any row has one. Padding after a row's end changes nothing before it: step 0 is causal and later steps read
+    their own anchor. Returns (loss, stats) where stats[j] = (loss sum, correct vs the target's top-1 within the
+    draft vocab, correct vs the data token, counted, correct vs the target's full-vocabulary top-1) over valid
+    anchors of step j. The last needs `top_in_vocab` ([(B,) T] bool, Features.top_in_vocab); without it, it is the
+    second."""
+    if ids.dim() == 1:
+        ids, mask, aux, embeds, tgt_logits = ids[None], mask[None], aux[None], embeds[None], tgt_logits[None]
+        top_in_vocab = None if top_in_vocab is None else top_in_vocab[None]
+    dev = aux.device
+    ids, mask, t2d_index = ids.to(dev), mask.to(dev), t2d_index.to(dev)
+    b, t = ids.shape
     n = t - 2  # anchors with at least the step-0 label inside the sequence
     if n < 1:
         return None, None
-    pad = embeds.new_zeros(steps, embeds.shape[-1])
-    emb = torch.cat([embeds[1:], pad])[: n + steps - 1]
-    sel = torch.nonzero(mask[2:]).flatten()
-    if anchor_frac < 1.0 and sel.numel() > 1:
-        pick = torch.rand(sel.numel(), generator=generator) < anchor_frac
-        sel = sel[pick] if pick.any() else sel[:1]
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-        outs = ttt_forward(net, aux[None, :n], emb[None], steps, sel)
+    pad = embeds.new_zeros(b, steps, embeds.shape[-1])
+    emb = torch.cat([embeds[:, 1:], pad], dim=1)[:, : n + steps - 1]
+    chosen = mask[:, 2:].clone()  # [B, n] anchors that run steps >= 1
+    if anchor_frac < 1.0 and int(chosen.sum()) > 1:
+        pick = torch.rand(int(chosen.sum()), generator=generator).to(dev) < anchor_frac
+        if not pick.any():
+            pick[0] = True
+        chosen[chosen.clone()] = pick
+    sel = torch.nonzero(chosen.any(0)).flatten()
+    with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=autocast):
+        outs = ttt_forward(net, aux[:, :n], emb, steps, sel)
     total = 0.0
     weight = 0.0
     stats = []
     for j, h in enumerate(outs):
         soft, hard, valid, src = step_targets(ids, mask, tgt_logits, n, j, t2d_index)
         if j > 0:
-            soft, hard, valid, src = soft[sel], hard[sel], valid[sel], src[sel]
+            soft, hard, valid, src = soft[:, sel], hard[:, sel], valid[:, sel] & chosen[:, sel], src[sel]
         cnt = int(valid.sum())
         if cnt == 0:
             stats.append((0.0, 0, 0, 0, 0))
             continue
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-            logits = net.logits(h[0][valid])
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=autocast):
+            logits = net.logits(h[valid])
         logp = torch.log_softmax(logits.float(), dim=-1)
         tsoft = soft[valid]
         thard = hard[valid]
@@ -129,6 +141,6 @@ def ttt_loss(net: Eagle3Model, ids: torch.Tensor, mask: torch.Tensor, aux: torch
         total = total + w * lj
         weight += w
         agree = pred == tsoft.argmax(-1)
-        full = agree if top_in_vocab is None else agree & top_in_vocab[src[valid]]
+        full = agree if top_in_vocab is None else agree & top_in_vocab.to(dev)[:, src][valid]
         stats.append((float(lj.detach()), int(agree.sum()), int((pred == thard).sum()), cnt, int(full.sum())))
     return total / max(weight, 1e-9), stats
