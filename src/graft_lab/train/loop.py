@@ -358,8 +358,6 @@ def train(cfg: TrainConfig, target: Target, sequences: Sequences, val=(), eval_p
             f = batch.features
             loss, stats = ttt_loss(net, batch.ids, batch.mask, f.aux, f.embeds, f.draft_logits, t2d_index,
                                    cfg.ttt_steps, cfg.labels, cfg.decay, cfg.autocast, cfg.anchor_frac, gen)
-            if loss is None:
-                continue
             (loss / cfg.labels_per_step).backward()
             step_tokens += batch.tokens
             step_labels += stats[0][3]

@@ -100,6 +100,7 @@ def ttt_loss(net: Eagle3Model, ids: torch.Tensor, mask: torch.Tensor, aux: torch
         top_in_vocab = None if top_in_vocab is None else top_in_vocab[None]
     dev = aux.device
     ids, mask, t2d_index = ids.to(dev), mask.to(dev), t2d_index.to(dev)
+    top_in_vocab = None if top_in_vocab is None else top_in_vocab.to(dev)
     b, t = ids.shape
     n = t - 2  # anchors with at least the step-0 label inside the sequence
     if n < 1:
@@ -107,8 +108,9 @@ def ttt_loss(net: Eagle3Model, ids: torch.Tensor, mask: torch.Tensor, aux: torch
     pad = embeds.new_zeros(b, steps, embeds.shape[-1])
     emb = torch.cat([embeds[:, 1:], pad], dim=1)[:, : n + steps - 1]
     chosen = mask[:, 2:].clone()  # [B, n] anchors that run steps >= 1
-    if anchor_frac < 1.0 and int(chosen.sum()) > 1:
-        pick = torch.rand(int(chosen.sum()), generator=generator).to(dev) < anchor_frac
+    trained = int(chosen.sum())
+    if anchor_frac < 1.0 and trained > 1:
+        pick = torch.rand(trained, generator=generator).to(dev) < anchor_frac
         if not pick.any():
             pick[0] = True
         chosen[chosen.clone()] = pick
@@ -141,6 +143,6 @@ def ttt_loss(net: Eagle3Model, ids: torch.Tensor, mask: torch.Tensor, aux: torch
         total = total + w * lj
         weight += w
         agree = pred == tsoft.argmax(-1)
-        full = agree if top_in_vocab is None else agree & top_in_vocab.to(dev)[:, src][valid]
+        full = agree if top_in_vocab is None else agree & top_in_vocab[:, src][valid]
         stats.append((float(lj.detach()), int(agree.sum()), int((pred == thard).sum()), cnt, int(full.sum())))
     return total / max(weight, 1e-9), stats
