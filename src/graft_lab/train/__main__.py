@@ -4,6 +4,8 @@
     python -m graft_lab.train --out runs/smollm2-eagle3 --export-only --export DIR   # checkpoint -> official format
     python -m graft_lab.train --config conf/train/smollm2_regen.yaml --out RUN2 --init RUN  # stage 2: own replies
     python -m graft_lab.train --config conf/train/smollm2_mix.yaml --out RUN3 --init RUN2   # stage 3: fresh ShareGPT + own replies
+    python -m graft_lab.train ... --data A.jsonl --data B.jsonl --pack S.pack.npz   # the stream, rendered, into one file
+    python -m graft_lab.train ... --data S.pack.npz                                 # train on it (graft_lab.train.stream)
 
 Any TrainConfig field is a flag (--max-tokens 5000000, --labels hard, ...); a YAML --config gives defaults.
 """
@@ -12,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import itertools
 import json
 import time
 from pathlib import Path
@@ -22,9 +23,10 @@ import torch
 from ..errors import ConfigError
 from ..models.target import EMBEDDED, Target, load_model
 from ..preflight import resolve_device
-from .data import HELDOUT, interleave, mtbench_prompts, regenerated_source, render, sharegpt_conversations, sharegpt_source
+from .data import HELDOUT
 from .decontaminate import SPEC_BENCH, build_index
 from .loop import TrainConfig, build_drafter, export, read_init, train
+from .stream import PACK_SUFFIX, STREAM_FLAGS, build_stream, is_pack, read_pack, write_pack
 from .widen import mlp_width
 
 
@@ -60,6 +62,8 @@ def parse(argv=None):
     ap.add_argument("--resume", action="store_true")
     ap.add_argument("--export", help="write the drafter in the official format here at the end")
     ap.add_argument("--export-only", action="store_true", help="export the run's checkpoint and exit")
+    ap.add_argument("--pack", help=f"write the stream this run would read (rendered and screened) into this "
+                                   f"{PACK_SUFFIX} file and exit; --data FILE{PACK_SUFFIX} trains on it")
     for f in dataclasses.fields(TrainConfig):
         if f.name == "extra":
             continue
@@ -82,6 +86,23 @@ def parse(argv=None):
     args = ap.parse_args(argv)
     args.data = args.data or ([data] if isinstance(data, str) else list(data))
     return args
+
+
+def to_argv(args: dict) -> list[str]:
+    """Flags that `parse` turns back into these args without a --config, every value explicit (graft_lab.train.kit
+    runs them on a machine without omegaconf)."""
+    argv = []
+    for k, v in args.items():
+        if k in ("config", "pack", "export_only") or v is None:
+            continue
+        if k == "data":
+            argv += [a for d in v for a in ("--data", d)]
+        elif k == "resume":
+            argv += ["--resume"] if v else []
+        else:
+            text = (",".join(v) if isinstance(v, tuple) else str(v).lower() if isinstance(v, bool) else str(v))
+            argv += [_flag(k), text]
+    return argv
 
 
 def choose_dtypes(args) -> None:
@@ -107,8 +128,9 @@ def choose_dtypes(args) -> None:
 
 def main(argv=None) -> None:
     args = parse(argv)
+    packed = is_pack(args.data)
     for d in args.data:
-        if d != "sharegpt" and not Path(d).is_file():
+        if d != "sharegpt" and not packed and not Path(d).is_file():
             raise SystemExit(f"--data: {d} is neither 'sharegpt' nor a file (write one with python -m graft_lab.train.regenerate)")
     if args.grow_vocab and not args.init:
         raise SystemExit("--grow-vocab grows the draft vocab of the --init drafter: give --init too")
@@ -136,20 +158,25 @@ def main(argv=None) -> None:
         net.load_state_dict(ck["model"])
         print(export(net, args.export or Path(cfg.out) / "export", target), json.dumps(ck["state"]))
         return
-    # held out: the first `val_sequences` usable conversations; training starts after them
-    val = [render(tok, msgs, args.max_len) for _, msgs in itertools.islice(sharegpt_conversations(), args.val_sequences)]
-    screen = build_index()  # evaluation prompts: a training conversation that overlaps one is dropped
-    if not SPEC_BENCH.is_file():
-        print(f"[train] no Spec-Bench at {SPEC_BENCH}: its prompts are not screened out", flush=True)
-    sources = [sharegpt_source(args.val_sequences + args.sharegpt_skip, screen=screen) if d == "sharegpt"
-               else regenerated_source(Path(d), args.epochs, screen) for d in args.data]
-
-    def sequences(skip: int):
-        for pos, msgs, complete in interleave(sources, skip):
-            yield (pos, *render(tok, msgs, args.max_len, complete))
-    prompts = mtbench_prompts(tok, args.eval_questions) if args.eval_questions else []
+    flags = {k: getattr(args, k) for k in STREAM_FLAGS}
+    if packed:
+        stream = read_pack(Path(args.data[0]), tok, flags)
+        print(f"[train] {args.data[0]}: {stream.meta['sequences']} packed sequences, {stream.meta['tokens']} tokens",
+              flush=True)
+    else:
+        screen = build_index()  # evaluation prompts: a training conversation that overlaps one is dropped
+        if not SPEC_BENCH.is_file():
+            print(f"[train] no Spec-Bench at {SPEC_BENCH}: its prompts are not screened out", flush=True)
+        stream = build_stream(tok, args.data, screen=screen, **flags)
+    if args.pack:
+        if packed or not args.pack.endswith(PACK_SUFFIX):
+            raise SystemExit(f"--pack {args.pack}: name a new file ending in {PACK_SUFFIX}, from sources that are not a pack")
+        meta = write_pack(stream, Path(args.pack), progress=args.progress)
+        print(f"[train] packed {meta['sequences']} sequences, {meta['tokens']} tokens, into {args.pack} (stored once "
+              f"each: {meta['distinct']} distinct, the held-out ones included)", flush=True)
+        return
     t0 = time.time()
-    net = train(cfg, target, sequences, val, prompts, eos, resume=args.resume)
+    net = train(cfg, target, stream.sequences, stream.val, stream.prompts, eos, resume=args.resume)
     print(f"[train] done in {time.time() - t0:.0f} s", flush=True)
     if args.export:
         print("[train] exported to", export(net, args.export, target))
