@@ -776,3 +776,59 @@ def test_regenerate_reads_a_question_file_and_leaves_evaluation_prompts_out(tmp_
     assert 0 < len(kept) < 3 and [json.loads(line)["index"] for line in longer.read_text().splitlines()] == kept
     with pytest.raises(SystemExit):
         regen_main(common[2:] + ["--out", str(longer), "--min-prompt-tokens", "192"])  # not below the maximum
+
+
+def test_the_moving_average_is_of_every_step_survives_a_resume_and_is_what_exports(tmp_path):
+    """--ema d: after one step the average is d * start + (1 - d) * the stepped weights; a run resumed after its
+    first step ends with the same average (and raw weights) as one that ran through; the result, the final
+    validation and --export-only are the average, and --export-only --ema 0 the raw weights."""
+    from graft_lab.train.__main__ import main as train_main
+
+    target = tiny_target()
+    sequences, data = _sequences()
+    base = dict(draft_vocab=64, vocab_sequences=20, ttt_steps=2, lr=3e-3, warmup_tokens=0, min_lr_ratio=1.0,
+                labels_per_step=64, ckpt_every=1, log_every=1, eval_every_tokens=0, progress=False, autocast=False)
+
+    def run(name, **kw):
+        return train(TrainConfig(out=str(tmp_path / name), **{**base, **kw}), target, sequences, val=data[:2],
+                     eos_ids=(2,))
+
+    def weights(net):
+        return {k: p.detach().clone() for k, p in net.named_parameters()}
+
+    start = weights(run("still", lr=0.0, max_tokens=1))
+    stepped = weights(run("one", max_tokens=1))
+    avg = weights(run("avg", max_tokens=1, ema=0.75))
+    assert any(not torch.equal(start[k], stepped[k]) for k in start)
+    for k in start:
+        torch.testing.assert_close(avg[k], 0.75 * start[k] + 0.25 * stepped[k], rtol=0, atol=1e-6)
+    raw = torch.load(tmp_path / "avg" / "checkpoint.pt", weights_only=False)["model"]
+    assert all(torch.equal(raw[k], stepped[k]) for k in stepped)  # the checkpoint resumes from the raw weights
+    curve = [json.loads(line) for line in (tmp_path / "avg" / "curve.jsonl").read_text().splitlines()]
+    assert [r["weights"] for r in curve] == ["raw", "ema"] and curve[0]["val_loss"] != curve[1]["val_loss"]
+
+    through = weights(run("through", max_tokens=400, ema=0.9))
+    steps = torch.load(tmp_path / "through" / "checkpoint.pt", weights_only=False)["state"]["step"]
+    run("resumed", max_tokens=1, ema=0.9)
+    again = train(TrainConfig(out=str(tmp_path / "resumed"), **{**base, "max_tokens": 400, "ema": 0.9}), target,
+                  sequences, eos_ids=(2,), resume=True)
+    ck = torch.load(tmp_path / "resumed" / "checkpoint.pt", weights_only=False)
+    assert steps >= 3 and ck["state"]["step"] == steps
+    assert all(torch.equal(p, through[k]) for k, p in again.named_parameters())
+    with pytest.raises(ValueError, match=r"ema 1.0: give a decay in \[0, 1\)"):
+        run("bad", max_tokens=1, ema=1.0)
+
+    from safetensors.torch import load_file
+
+    cli = ["--target", "random:llama?seed=0&hidden=64&layers=4", "--target-dtype", "float32", "--draft-vocab", "64",
+           "--vocab-sequences", "4", "--eval-questions", "0", "--val-sequences", "2", "--max-len", "64",
+           "--labels-per-step", "16", "--progress", "false", "--autocast", "false", "--eval-every-tokens", "0",
+           "--ttt-steps", "2", "--max-tokens", "300", "--warmup-tokens", "10", "--out", str(tmp_path / "cli"),
+           "--ema", "0.8"]
+    train_main(cli + ["--export", str(tmp_path / "cli_end")])
+    train_main(cli + ["--export-only", "--export", str(tmp_path / "cli_ema")])
+    train_main(cli + ["--export-only", "--export", str(tmp_path / "cli_raw"), "--ema", "0"])
+    end, avg, raw = (load_file(str(tmp_path / d / "model.safetensors")) for d in ("cli_end", "cli_ema", "cli_raw"))
+    model = torch.load(tmp_path / "cli" / "checkpoint.pt", weights_only=False)["model"]
+    assert all(torch.equal(end[k], avg[k]) for k in end) and any(not torch.equal(avg[k], raw[k]) for k in raw)
+    assert all(torch.equal(raw[k], model[k].to(raw[k].dtype)) for k in raw if k in model)

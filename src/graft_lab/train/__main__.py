@@ -156,6 +156,10 @@ def main(argv=None) -> None:
         keep = torch.load(Path(cfg.out) / "vocab.pt", map_location="cpu")["keep"]
         net = build_drafter(target, keep, "random", cfg.seed, mlp_width(ck["model"]))
         net.load_state_dict(ck["model"])
+        if cfg.ema:  # the moving average of the run (--ema 0 exports the raw weights)
+            if ck.get("ema") is None:
+                raise SystemExit(f"--export-only --ema {cfg.ema}: {cfg.out} kept no moving average; give --ema 0")
+            net.load_state_dict({**ck["model"], **ck["ema"]})
         print(export(net, args.export or Path(cfg.out) / "export", target), json.dumps(ck["state"]))
         return
     flags = {k: getattr(args, k) for k in STREAM_FLAGS}

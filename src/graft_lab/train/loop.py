@@ -39,6 +39,8 @@ class TrainConfig:
     warmup_tokens: int = 100_000
     weight_decay: float = 0.01
     clip: float = 0.5
+    ema: float = 0.0  # > 0: also keep an exponential moving average of the weights, this decay per optimizer step,
+    # from the start's weights; the run ends with it (validated beside the raw weights) and exports it
     labels_per_step: int = 2048  # label (assistant) tokens per optimizer step
     batch_sequences: int = 1  # sequences per forward, right-padded (a GPU wants many; 1: no padding, as on 2 cores)
     max_tokens: int = 5_000_000  # sequence tokens through the target; the lr schedule spans this
@@ -304,9 +306,19 @@ def train(cfg: TrainConfig, target: Target, sequences: Sequences, val=(), eval_p
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
                              {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95))
     state = {"step": 0, "tokens": 0, "label_tokens": 0, "consumed": 0, "wall": 0.0, "next_eval": cfg.eval_every_tokens}
+    if not 0.0 <= cfg.ema < 1.0:
+        raise ValueError(f"ema {cfg.ema}: give a decay in [0, 1) (0: no moving average)")
     if ck is not None:
         net.load_state_dict(ck["model"])
         opt.load_state_dict(ck["opt"])
+    params = dict(net.named_parameters())
+    ema = None
+    if cfg.ema:
+        saved = (ck or {}).get("ema")
+        if ck is not None and saved is None:
+            print("[train] the checkpoint has no moving average: it starts from the resumed weights", flush=True)
+        ema = {k: (saved[k].to(p.device) if saved else p.detach().float().clone()) for k, p in params.items()}
+    if ck is not None:
         state = ck["state"]
         if cfg.eval_every_tokens:  # the evaluation interval may change on resume
             state["next_eval"] = min(state["next_eval"], (state["tokens"] // cfg.eval_every_tokens + 1) * cfg.eval_every_tokens)
@@ -315,11 +327,11 @@ def train(cfg: TrainConfig, target: Target, sequences: Sequences, val=(), eval_p
 
     def checkpoint():
         atomic_save({"model": net.state_dict(), "opt": opt.state_dict(), "state": state, "rng": torch.get_rng_state(),
-                     "config": asdict(cfg)}, ckpt_path)
+                     "config": asdict(cfg), "ema": ema}, ckpt_path)
 
-    def curve_point(final=False):
+    def curve_point(final=False, weights="raw"):
         row = {"step": state["step"], "tokens": state["tokens"], "label_tokens": state["label_tokens"],
-               "wall_s": round(state["wall"], 1), "final": final}
+               "wall_s": round(state["wall"], 1), "final": final, **({"weights": weights} if ema is not None else {})}
         if val:
             row.update(validate(net, target, val, keep, t2d_index, cfg))
         if eval_prompts:
@@ -371,6 +383,10 @@ def train(cfg: TrainConfig, target: Target, sequences: Sequences, val=(), eval_p
             g["lr"] = lr
         gnorm = float(torch.nn.utils.clip_grad_norm_(net.parameters(), cfg.clip))
         opt.step()
+        if ema is not None:
+            with torch.no_grad():
+                for k, p in params.items():
+                    ema[k].lerp_(p.detach().float(), 1.0 - cfg.ema)
         state["step"] += 1
         state["tokens"] += step_tokens
         state["label_tokens"] += step_labels
@@ -405,9 +421,16 @@ def train(cfg: TrainConfig, target: Target, sequences: Sequences, val=(), eval_p
     if bar is not None:
         bar.close()
     finished_now = state["step"] > first_step  # resuming a finished run adds no second final point
-    if finished_now and (progress(cfg, state["tokens"], state["wall"]) >= 1.0 or exhausted):
+    finished = finished_now and (progress(cfg, state["tokens"], state["wall"]) >= 1.0 or exhausted)
+    if finished:
         curve_point(final=True)
         checkpoint()
+    if ema is not None:  # the run's result is the moving average; the checkpoint keeps the raw weights to resume
+        with torch.no_grad():
+            for k, p in params.items():
+                p.copy_(ema[k])
+        if finished:
+            curve_point(final=True, weights="ema")
     return net
 
 
