@@ -174,7 +174,7 @@ def test_the_kit_trains_the_real_target_where_neither_its_wheel_nor_the_data_are
     monkeypatch.setenv("GRAFT_LAB_CACHE", str(tmp_path / "unused"))
     monkeypatch.delenv("GRAFT_LAB_GGUF", raising=False)
     out = tmp_path / "out"
-    report = device(dirs[2], 0.1, out, "cpu", 2500, tmp_path / "stash")
+    report = device(dirs[2], 10, out, "cpu", 2500, tmp_path / "stash")  # the token budget ends it
     assert (tmp_path / "stash" / "cache" / "smollm2-135m-instruct" / "model.safetensors").is_file()
     assert report["state"]["tokens"] >= 2500 and report["device"] == "cpu" and "--data" in report["argv"]
     returned = sorted(p.name for p in out.iterdir())

@@ -40,6 +40,7 @@ GGUF_PART = "target.gguf.part"
 
 
 def sha256(path: Path) -> str:
+    """A file's sha256 (this module imports nothing but the standard library: `stash` runs before the wheels)."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):

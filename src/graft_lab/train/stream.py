@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from .data import interleave, mtbench_prompts, regenerated_source, render, sharegpt_conversations, sharegpt_source
+from .kit import sha256
 
 PACK_SUFFIX = ".pack.npz"
 PACK_FORMAT = 1
@@ -50,14 +51,6 @@ def tokenizer_hash(tok) -> str:
     return hashlib.sha256(json.dumps([vocab, tok.chat_template or ""]).encode()).hexdigest()[:16]
 
 
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def build_stream(tok, data: list[str], *, epochs: int, max_len: int, val_sequences: int, sharegpt_skip: int,
                  eval_questions: int, screen) -> TrainStream:
     """The stream of `python -m graft_lab.train --data ...`: ShareGPT's first `val_sequences` usable conversations
@@ -72,7 +65,7 @@ def build_stream(tok, data: list[str], *, epochs: int, max_len: int, val_sequenc
     prompts = mtbench_prompts(tok, eval_questions) if eval_questions else []
     meta = {"max_len": max_len, "val_sequences": val_sequences, "epochs": epochs, "sharegpt_skip": sharegpt_skip,
             "eval_questions": eval_questions, "tokenizer": tokenizer_hash(tok),
-            "data": [d if d == "sharegpt" else {"path": d, "sha256": file_sha256(Path(d))} for d in data]}
+            "data": [d if d == "sharegpt" else {"path": d, "sha256": sha256(Path(d))} for d in data]}
     return TrainStream(val, sequences, prompts, meta)
 
 
