@@ -98,10 +98,10 @@ drafter: $(STAMP)
 		--seed 18 --target-dtype auto --autocast auto \
 		--out $(RUNS)/smollm2-eagle3-stage22 --resume --export $(RUNS)/smollm2-eagle3-stage22/export
 
-# Stage 27, for a session lent a GPU (MODEL_CARD.md, "A GPU stage"): from stage 22, stage 25's stream (every
+# Stage 27, for a session lent a GPU (MODEL_CARD.md, "Stage 27"): from stage 22, stage 25's stream (every
 # multi-turn reply beside the first-turn, coding and translation replies, restored from data/regen/ in about a
 # minute), with 10 passes over the first-turn file, 32 sequences a batch, packed with the target's GGUF in parts into
-# .gpu/ (graft_lab.train.kit). It prints the device calls; the last one's --minutes is the training time.
+# .gpu/ (graft_lab.train.kit). It prints the device calls; the last one trains for 6 minutes.
 S25          := $(RUNS)/s25
 S25_MULTI    := sharegpt_turn2 sharegpt_turn2_4018 sharegpt_turn2_9892 sharegpt_turn2_long sharegpt_turn3
 S25_FIRST    := sharegpt_greedy_16267 sharegpt_greedy_768 code_greedy code_greedy_386 translate_greedy
@@ -114,7 +114,7 @@ gpu-kit: $(STAMP)
 		$(BIN)/python -m graft_lab.train.bundle restore data/regen/$$f.jsonl.gz $$p --out $(RUNS)/regen/$$f.jsonl || exit 1; done
 	cat $(foreach f,$(S25_MULTI),$(RUNS)/regen/$(f).jsonl) | shuf --random-source=<(yes) > $(S25)/multi.jsonl
 	cat $(foreach f,$(S25_FIRST),$(RUNS)/regen/$(f).jsonl) | shuf --random-source=<(yes) > $(S25)/first.jsonl
-	$(BIN)/python -m graft_lab.train.kit build --kit .gpu -- --config conf/train/smollm2_mix.yaml \
+	$(BIN)/python -m graft_lab.train.kit build --kit .gpu --minutes 6 -- --config conf/train/smollm2_mix.yaml \
 		--init builtin:smollm2-135m-instruct-eagle3 --data $(S25)/multi.jsonl --data $(S25)/first.jsonl --epochs 10 \
 		--ttt-steps 5 --lr 1e-4 --warmup-tokens 500000 --batch-sequences 32 --labels-per-step 4096 \
 		--target-dtype bfloat16 --autocast true --eval-questions 0 --eval-every-tokens 0 --threads 4 \

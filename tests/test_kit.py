@@ -155,11 +155,11 @@ def test_the_kit_trains_the_real_target_where_neither_its_wheel_nor_the_data_are
                         "--init", "builtin:smollm2-135m-instruct-eagle3", "--eval-questions", "0", "--ttt-steps", "2",
                         "--max-len", "128", "--val-sequences", "2", "--progress", "false", "--target-dtype", "float32",
                         "--autocast", "false", "--labels-per-step", "256", "--min-labels", "4"],
-                  wheels, limit, ROOT)
+                  wheels, limit, ROOT, minutes=4)
     dirs = sorted(p for p in kit.iterdir())
     assert [d.name for d in dirs] == ["c1", "c2", "c3"] and len(calls) == 3
     assert all(sum(f.stat().st_size for f in d.rglob("*") if f.is_file()) <= limit - tree_bytes(ROOT) for d in dirs)
-    assert "stash " + str(dirs[0]) in calls[0] and "device --kit " + str(dirs[2]) in calls[2]
+    assert "stash " + str(dirs[0]) in calls[0] and f"device --kit {dirs[2]} --minutes 4 --out $OUT" in calls[2]
     for d in dirs[:-1]:
         stash(d, tmp_path / "stash")
 

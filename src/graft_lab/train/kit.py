@@ -124,7 +124,8 @@ def build_wheels(dest: Path, given: Path | None) -> list[str]:
     return names
 
 
-def build(kit: Path, train_argv: list[str], wheels: Path | None, call_limit: int, root: Path) -> list[str]:
+def build(kit: Path, train_argv: list[str], wheels: Path | None, call_limit: int, root: Path,
+          minutes: float = 6.0) -> list[str]:
     from ..models.embedded import embedded_dir, gguf_path
     from ..models.target import EMBEDDED
     from .__main__ import main as train_main, parse, to_argv
@@ -150,6 +151,8 @@ def build(kit: Path, train_argv: list[str], wheels: Path | None, call_limit: int
         manifest["gguf"] = {"name": src.name, "sha256": sha256(src), "parts": split(src, sizes, dirs, GGUF_PART)}
         manifest["weights"] = weights_hash(embedded_dir())
     else:
+        if extra > room:
+            raise SystemExit(f"kit: a call carries {room} bytes beside the tree, the pack and wheels take {extra}")
         dirs = [kit / "c1"]
     last = dirs[-1]
     last.mkdir(parents=True, exist_ok=True)
@@ -161,7 +164,7 @@ def build(kit: Path, train_argv: list[str], wheels: Path | None, call_limit: int
     calls = [f"PYTHONPATH=src python3 -m graft_lab.train.kit stash {d}   # carry {d}" for d in dirs[:-1]]
     calls.append(f"python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "
                  f"/tmp/site {last}/wheels/*.whl && PYTHONPATH=/tmp/site:src python3 -m graft_lab.train.kit device "
-                 f"--kit {last} --minutes M --out $OUT   # carry {last}")
+                 f"--kit {last} --minutes {minutes:g} --out $OUT   # carry {last}")
     return calls
 
 
@@ -257,6 +260,8 @@ def main(argv=None) -> None:
     b.add_argument("--kit", type=Path, default=Path(".gpu"), help="output folder (git must ignore it)")
     b.add_argument("--wheels", type=Path, help=f"a folder holding wheels of {', '.join(WHEELS)} (default: pip wheel)")
     b.add_argument("--call-limit", type=int, default=CALL_LIMIT, help="bytes a device call carries")
+    b.add_argument("--minutes", type=float, default=6.0,
+                   help="the training time the printed device call gives (6 of a lease's 15 minutes)")
     s = sub.add_parser("stash", help="on the device: keep a carried part in /tmp for the last call")
     s.add_argument("part_dir", type=Path)
     s.add_argument("--stash", type=Path, default=STASH, help="where the parts wait for the last call")
@@ -281,7 +286,7 @@ def main(argv=None) -> None:
         if not ignored:
             raise SystemExit(f"kit build: git does not ignore {a.kit}; it would travel in every call "
                              f"(echo /{a.kit}/ >> .git/info/exclude)")
-        for line in build(a.kit, train_argv, a.wheels, a.call_limit, root):
+        for line in build(a.kit, train_argv, a.wheels, a.call_limit, root, a.minutes):
             print(line)
     elif a.cmd == "stash":
         stash(a.part_dir, a.stash)
