@@ -50,12 +50,13 @@ def sha256(path: Path) -> str:
 
 def weights_hash(model_dir: Path) -> str:
     """sha256 over the converted target's tensors (names, dtypes, shapes, bytes), in name order."""
+    import torch
     from safetensors.torch import load_file
 
     h = hashlib.sha256()
     for name, t in sorted(load_file(str(model_dir / "model.safetensors")).items()):
         h.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
-        h.update(t.contiguous().view(-1).view(dtype=__import__("torch").uint8).numpy().tobytes())
+        h.update(t.contiguous().view(-1).view(torch.uint8).numpy().tobytes())
     return h.hexdigest()
 
 
