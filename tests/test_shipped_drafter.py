@@ -92,6 +92,26 @@ def test_replayed_verification_accepts_what_the_real_loop_does(smollm2, dense_ru
     assert lengths == [(sum(steps), len(steps)) for steps in dense_run[2]]
 
 
+def test_training_forward_predicts_the_real_chain(smollm2, tmp_path_factory):
+    """`evaluate --forced` on the real target: training's own forward (train/forced.py) accepts, step for step,
+    what the real chain loop accepts on 5 questions, fp32."""
+    from graft_lab.train.forced import forced_chain
+    from graft_lab.train.replay import references
+
+    prompts = mtbench_prompts(smollm2.tokenizer, 5)
+    conts = references(smollm2, EMBEDDED, prompts, 64, tmp_path_factory.mktemp("refs"))
+    drafter = build_eagle3(Eagle3Options(path=str(SHIPPED), depth=7, top_k=1), smollm2)
+    stop = StopRule(64, (smollm2.tokenizer.eos_token_id,))
+    multi = 0
+    for prompt, cont in zip(prompts, conts):
+        real = generate(smollm2, Method(drafter, NoPruner(), NoRetriever(), graft_root, 8), prompt,
+                        SamplingParams(), stop)
+        forced = forced_chain(smollm2, drafter.net, prompt, cont, 7, stop)
+        assert forced.accept_lengths == [s.accept_length for s in real.steps]
+        multi += sum(s.accept_length > 2 for s in real.steps)
+    assert multi >= 10
+
+
 def test_shipped_drafter_cuts_stop_strings_like_generate(smollm2):
     """Real acceptance (several tokens per step) with stop strings: output equals generate(stop_strings=...)."""
     from graft_lab.stopping import StopStrings

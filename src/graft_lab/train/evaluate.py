@@ -5,6 +5,9 @@
     python -m graft_lab.train.evaluate --drafter DIR --questions 0 --trees dense \
         --spec-bench ../shared/data/spec_bench/question.jsonl --per-category 10      # tau per category
     python -m graft_lab.train.evaluate --drafter DIR --replay ...  # the same tau, drafting cost only (train/replay.py)
+    python -m graft_lab.train.evaluate --drafter DIR --forced --trees chain ...  # the chain's tau from training's
+        # own forward (train/forced.py): `compare` it with a real chain run; also the top-1 / top-10 recall per step
+        # and wide_tau, the tau of a tree of the chain's depth that holds every node's top 10 children
 """
 
 from __future__ import annotations
@@ -133,11 +136,18 @@ def main(argv=None) -> None:
     ap.add_argument("--replay", action="store_true",
                     help="replay the target's cached greedy continuations instead of verifying each tree "
                          "(train/replay.py): the drafter's cost only, after one reference pass per prompt")
+    ap.add_argument("--forced", action="store_true",
+                    help="the chain's tau from training's own forward (ttt_forward over the trainer's features) along "
+                         "the target's cached greedy continuations (train/forced.py), and the top-1 / top-10 recall "
+                         "per step and wide_tau (every top-10 child to the chain's depth): in fp32 equal to a real chain "
+                         "run unless training and inference disagree")
     ap.add_argument("--out", help="also write the summary JSON here")
     args = ap.parse_args(argv)
     unknown = [t for t in args.trees.split(",") if t not in TREES]
     if unknown:
         ap.error(f"unknown trees {unknown}; valid: {', '.join(TREES)}")
+    if args.forced and (args.replay or args.trees != "chain"):
+        ap.error("--forced measures the chain alone, without --replay: give --trees chain")
     if args.threads:
         torch.set_num_threads(args.threads)
     model, tok = load_model(args.target, dtype=args.dtype)
@@ -150,13 +160,15 @@ def main(argv=None) -> None:
     labels, prompts = [c for c, _ in labelled], [p for _, p in labelled]
     res = {"drafter": args.drafter, "target": args.target, "dtype": args.dtype, "prompts": len(prompts),
            "categories": labels,
-           "new_tokens": args.new_tokens, "verification": "replay" if args.replay else "target"}
-    replay = None
-    if args.replay:
+           "new_tokens": args.new_tokens,
+           "verification": "replay" if args.replay else "forced" if args.forced else "target"}
+    replay = continuations = None
+    if args.replay or args.forced:
         from .replay import ReplayTarget, references
 
         real = Target(model, tok)
-        replay = ReplayTarget(real, prompts, references(real, args.target, prompts, args.new_tokens))
+        continuations = references(real, args.target, prompts, args.new_tokens)
+        replay = ReplayTarget(real, prompts, continuations) if args.replay else None
     for name in args.trees.split(","):
         tree = TREES[name]
         target = Target(model, tok)
@@ -172,8 +184,14 @@ def main(argv=None) -> None:
             print(json.dumps({"tree": name, "prompt": i, "category": labels[i], "tokens": tokens, "steps": steps}),
                   flush=True)
 
-        res[name] = tau_of(replay or target, drafter, prompts, tree.total_tokens, args.new_tokens,
-                           (tok.eos_token_id,), log)
+        if args.forced:
+            from .forced import forced_tau
+
+            res[name] = forced_tau(target, drafter.net, prompts, continuations, tree.depth, args.new_tokens,
+                                   (tok.eos_token_id,), log)
+        else:
+            res[name] = tau_of(replay or target, drafter, prompts, tree.total_tokens, args.new_tokens,
+                               (tok.eos_token_id,), log)
         res[name]["by_category"] = {c: round(t / max(n, 1), 4) for c, (t, n) in per.items()}
         res[name]["per_prompt"] = each
         print(name, json.dumps(_brief(res[name])), flush=True)
