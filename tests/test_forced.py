@@ -94,6 +94,16 @@ def test_forced_recall_at_step_0_is_the_inference_drafters_top_k():
     assert 0 < hits[0] < hits[1]  # the ranks differ here, so the test tells them apart
 
 
+def test_forced_chain_refuses_what_it_cannot_play():
+    target = tiny_target("llama", vocab=SMALL_VOCAB)
+    net = tiny_eagle3(target, seed=3)
+    prompt = torch.tensor([3, 4, 5])
+    with pytest.raises(ValueError, match="a chain of depth 7 over 8 new tokens reads 16"):
+        forced_chain(target, net, prompt, [3] * 15, 7, StopRule(8))
+    with pytest.raises(ValueError, match="stop string"):
+        forced_chain(target, net, prompt, [3] * 16, 7, StopRule(8, stop_strings=object()))  # any stop-string rule
+
+
 def test_evaluate_forced_pairs_with_the_real_chain_and_refuses_other_trees(tmp_path, monkeypatch, capsys):
     from graft_lab.models.target import Target, load_model
     from graft_lab.train.compare import compare
