@@ -120,6 +120,9 @@ def test_evaluate_forced_pairs_with_the_real_chain_and_refuses_other_trees(tmp_p
     real, forced = (json.loads((tmp_path / f).read_text()) for f in ("real.json", "forced.json"))
     assert forced["verification"] == "forced" and forced["chain"]["per_prompt"] == real["chain"]["per_prompt"]
     assert compare(real, forced)["chain"]["all"].mean == 0.0
+    wide = forced["wide"]
+    assert len(wide["per_prompt"]) == 3 and wide["tau"] == sum(t for t, _ in wide["per_prompt"]) / wide["steps"]
+    assert set(compare(forced, forced)) == {"chain", "wide"} and "wide" not in real
     assert set(forced["chain"]["recall"]) == {f"top{r}" for r in RECALL_AT}
     assert all(len(v) == CHAIN.depth and all(0 <= x <= 1 for x in v) for v in forced["chain"]["recall"].values())
     for bad in (["--trees", "dense,chain"], ["--trees", "chain", "--replay"]):

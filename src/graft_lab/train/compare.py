@@ -82,7 +82,7 @@ def compare(base: dict, new: dict, trees: list[str] | None = None) -> dict[str, 
     if base["categories"] != new["categories"]:
         raise ValueError(f"the two runs measured different prompts ({len(base['categories'])} and "
                          f"{len(new['categories'])}, or other categories): pair runs of one evaluate command")
-    common = [t for t in ("dense", "chain") if t in base and t in new]
+    common = [t for t in ("dense", "chain", "wide") if t in base and t in new]  # wide: evaluate --forced
     trees = trees or common
     missing = [t for t in trees if t not in common]
     if missing:

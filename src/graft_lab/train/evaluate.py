@@ -7,7 +7,7 @@
     python -m graft_lab.train.evaluate --drafter DIR --replay ...  # the same tau, drafting cost only (train/replay.py)
     python -m graft_lab.train.evaluate --drafter DIR --forced --trees chain ...  # the chain's tau from training's
         # own forward (train/forced.py): `compare` it with a real chain run; also the top-1 / top-10 recall per step
-        # and wide_tau, the tau of a tree of the chain's depth that holds every node's top 10 children
+        # and "wide", the tau of a tree of the chain's depth that holds every node's top 10 children
 """
 
 from __future__ import annotations
@@ -113,6 +113,16 @@ def second_turns(model, tokenizer, questions: int, max_new: int, name: str = "",
     return out
 
 
+def by_category(labels: list[str], per_prompt: list[list[int]]) -> dict[str, float]:
+    """tau per category: tokens / verifications pooled over the prompts of each label, in first-seen order."""
+    per = {}
+    for c, (tokens, steps) in zip(labels, per_prompt):
+        agg = per.setdefault(c, [0, 0])
+        agg[0] += tokens
+        agg[1] += steps
+    return {c: round(t / max(n, 1), 4) for c, (t, n) in per.items()}
+
+
 def _brief(d: dict) -> dict:
     """`d` without its per-prompt lists (they go to --out, not to the terminal)."""
     return {k: v for k, v in d.items() if k not in ("per_prompt", "categories")}
@@ -139,7 +149,7 @@ def main(argv=None) -> None:
     ap.add_argument("--forced", action="store_true",
                     help="the chain's tau from training's own forward (ttt_forward over the trainer's features) along "
                          "the target's cached greedy continuations (train/forced.py), and the top-1 / top-10 recall "
-                         "per step and wide_tau (every top-10 child to the chain's depth): in fp32 equal to a real chain "
+                         "per step and \"wide\" (every top-10 child to the chain's depth): in fp32 equal to a real chain "
                          "run unless training and inference disagree")
     ap.add_argument("--out", help="also write the summary JSON here")
     args = ap.parse_args(argv)
@@ -173,13 +183,9 @@ def main(argv=None) -> None:
         tree = TREES[name]
         target = Target(model, tok)
         drafter = build_eagle3(Eagle3Options(path=args.drafter, depth=tree.depth, top_k=tree.top_k), target)
-        per = {}  # category -> [tokens, steps]
         each = []  # [tokens, steps] per prompt, in prompt order: `graft_lab.train.compare` pairs two runs by it
 
-        def log(i, tokens, steps, name=name, per=per, each=each):
-            agg = per.setdefault(labels[i], [0, 0])
-            agg[0] += tokens
-            agg[1] += steps
+        def log(i, tokens, steps, name=name, each=each):
             each.append([tokens, steps])
             print(json.dumps({"tree": name, "prompt": i, "category": labels[i], "tokens": tokens, "steps": steps}),
                   flush=True)
@@ -189,10 +195,12 @@ def main(argv=None) -> None:
 
             res[name] = forced_tau(target, drafter.net, prompts, continuations, tree.depth, args.new_tokens,
                                    (tok.eos_token_id,), log)
+            res["wide"] = res[name].pop("wide")  # every top-10 child to the chain's depth: `compare` pairs it too
+            res["wide"]["by_category"] = by_category(labels, res["wide"]["per_prompt"])
         else:
             res[name] = tau_of(replay or target, drafter, prompts, tree.total_tokens, args.new_tokens,
                                (tok.eos_token_id,), log)
-        res[name]["by_category"] = {c: round(t / max(n, 1), 4) for c, (t, n) in per.items()}
+        res[name]["by_category"] = by_category(labels, each)
         res[name]["per_prompt"] = each
         print(name, json.dumps(_brief(res[name])), flush=True)
     print(json.dumps(_brief({k: _brief(v) if isinstance(v, dict) else v for k, v in res.items()})))

@@ -17,7 +17,7 @@ breaking losslessness, so no output test sees it. `tests/test_forced.py` holds t
 run prompt by prompt. It also gives two things the loop does not: the share of anchors whose true token is within
 the drafter's top 1 and top 10 at each step (`recall`, training's held-out accuracy measured on the evaluation's
 own greedy text), and the tau of the widest tree of the chain's depth over the drafter's top 10 children
-(`wide_tau`).
+(`wide`, which `compare` pairs like a tree).
 """
 
 from __future__ import annotations
@@ -105,12 +105,14 @@ def forced_chain(target: Target, net: Eagle3Model, prompt: torch.Tensor, continu
 
 def forced_tau(target: Target, net: Eagle3Model, prompts, continuations, depth: int, max_new: int, eos_ids=(),
                log=None) -> dict:
-    """`evaluate.tau_of`'s summary for the chain, from `forced_chain` over every prompt, and `recall`: for each
-    r in RECALL_AT, the share of anchors per step whose true token is within the drafter's top r; `wide_tau`: the
-    tau of a tree of the chain's depth that holds every node's top 10 children (10^depth nodes), which no tree of
-    those children and that depth beats at any anchor: what a bigger budget could still win with this drafter."""
-    emitted = steps = anchors = wide_tokens = wide_steps = 0
+    """`evaluate.tau_of`'s summary for the chain, from `forced_chain` over every prompt, with `recall`: for each
+    r in RECALL_AT, the share of anchors per step whose true token is within the drafter's top r; and `wide`: the
+    same summary, with [tokens, verifications] per prompt, for a tree of the chain's depth that holds every node's
+    top 10 children (10^depth nodes), which no tree of those children and that depth beats at any anchor: what a
+    bigger budget could still win with this drafter."""
+    emitted = steps = anchors = 0
     hits = torch.zeros(depth, len(RECALL_AT), dtype=torch.long)
+    wide = []
     t0 = time.perf_counter()
     for i, (p, cont) in enumerate(zip(prompts, continuations)):
         run = forced_chain(target, net, p, cont, depth, StopRule(max_new, tuple(eos_ids)))
@@ -118,10 +120,11 @@ def forced_tau(target: Target, net: Eagle3Model, prompts, continuations, depth: 
         steps += len(run.accept_lengths)
         hits += run.hits
         anchors += run.anchors
-        wide_tokens += sum(run.wide)
-        wide_steps += len(run.wide)
+        wide.append([sum(run.wide), len(run.wide)])
         if log is not None:
             log(i, sum(run.accept_lengths), len(run.accept_lengths))
     recall = {f"top{r}": [round(int(h) / max(anchors, 1), 4) for h in hits[:, c]] for c, r in enumerate(RECALL_AT)}
+    w_tokens, w_steps = sum(t for t, _ in wide), sum(n for _, n in wide)
     return {"tau": emitted / max(steps, 1), "steps": steps, "tokens": emitted, "seconds": time.perf_counter() - t0,
-            "recall": recall, "wide_tau": wide_tokens / max(wide_steps, 1)}
+            "recall": recall,
+            "wide": {"tau": w_tokens / max(w_steps, 1), "steps": w_steps, "tokens": w_tokens, "per_prompt": wide}}
