@@ -43,7 +43,7 @@ class ForcedChain:
     stop_reason: str  # "eos", "length" or "context" (Generation.stop_reason)
     hits: torch.Tensor  # [depth, len(RECALL_AT)] anchors whose true token is within the top r at step j
     anchors: int  # anchors counted in `hits`: one per emitted token (its feature's position)
-    wide: list[int]  # accept lengths of a tree holding every node's top 10 children to the same depth (10^depth nodes)
+    wide: list[int]  # accept lengths of a tree holding every node's top 10 children to the same depth (about 10^depth nodes)
 
 
 def _play(ok: list[list[bool]], s: list[int], prompt_len: int, depth: int, stop: StopRule,
@@ -108,7 +108,7 @@ def forced_tau(target: Target, net: Eagle3Model, prompts, continuations, depth: 
     """`evaluate.tau_of`'s summary for the chain, from `forced_chain` over every prompt, with `recall`: for each
     r in RECALL_AT, the share of anchors per step whose true token is within the drafter's top r; and `wide`: the
     same summary, with [tokens, verifications] per prompt, for a tree of the chain's depth that holds every node's
-    top 10 children (10^depth nodes), which no tree of those children and that depth beats at any anchor: what a
+    top 10 children (about 10^depth nodes), which no tree of those children and that depth beats at any anchor: what a
     bigger budget could still win with this drafter."""
     emitted = steps = anchors = 0
     hits = torch.zeros(depth, len(RECALL_AT), dtype=torch.long)
