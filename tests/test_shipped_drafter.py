@@ -97,16 +97,17 @@ def test_training_forward_predicts_the_real_chain(smollm2, tmp_path_factory):
     what the real chain loop accepts on 5 questions, fp32."""
     from graft_lab.train.forced import forced_chain
     from graft_lab.train.replay import references
+    from graft_lab.tree import CHAIN
 
     prompts = mtbench_prompts(smollm2.tokenizer, 5)
     conts = references(smollm2, EMBEDDED, prompts, 64, tmp_path_factory.mktemp("refs"))
-    drafter = build_eagle3(Eagle3Options(path=str(SHIPPED), depth=7, top_k=1), smollm2)
+    drafter = build_eagle3(Eagle3Options(path=str(SHIPPED), depth=CHAIN.depth, top_k=CHAIN.top_k), smollm2)
     stop = StopRule(64, (smollm2.tokenizer.eos_token_id,))
     multi = 0
     for prompt, cont in zip(prompts, conts):
-        real = generate(smollm2, Method(drafter, NoPruner(), NoRetriever(), graft_root, 8), prompt,
+        real = generate(smollm2, Method(drafter, NoPruner(), NoRetriever(), graft_root, CHAIN.total_tokens), prompt,
                         SamplingParams(), stop)
-        forced = forced_chain(smollm2, drafter.net, prompt, cont, 7, stop)
+        forced = forced_chain(smollm2, drafter.net, prompt, cont, CHAIN.depth, stop)
         assert forced.accept_lengths == [s.accept_length for s in real.steps]
         multi += sum(s.accept_length > 2 for s in real.steps)
     assert multi >= 10

@@ -50,7 +50,8 @@ def _play(ok: list[list[bool]], s: list[int], prompt_len: int, depth: int, stop:
           max_context: int) -> tuple[list[int], list[int], str]:
     """The decode loop's steps when step j from the anchor prompt_len - 1 + a is accepted iff ok[j][a] (s: prompt +
     continuation): (accept lengths, emitted tokens cut at the stop, stop reason), as `decode.generate` gives them."""
-    first, budget = prompt_len - 1, depth + 1  # the first anchor; the chain's nodes, root included
+    first, budget = prompt_len - 1, depth + 1  # the first anchor; the chain's nodes, root included (the context
+    # limit below binds only within a tree's budget of the target's context, so the wide tree shares the chain's)
     limit = min(prompt_len + stop.max_new_tokens + budget, max_context)  # as decode.generate sizes its cache
     tokens, lengths, p = [s[first + 1]], [], first
     hit = stop.first_stop([], tokens, 1)
